@@ -1,0 +1,77 @@
+# strata: the two commands are `make demo` and `make test` (see README.md).
+# Both install what is missing, build, and run; a second run with everything
+# in place only checks and rebuilds what changed.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+BUILD ?= build
+JOBS ?= $(shell nproc)
+NP ?= 8
+LAUNCHER ?= mpirun
+CMAKE_ARGS ?=
+# The Open MPI 5 wheel (with ULFM) installs mpirun into the Python prefix.
+MPI_PREFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['data'])" 2>/dev/null)
+MPIRUN ?= $(MPI_PREFIX)/bin/mpirun
+MPIRUN_FLAGS ?= --allow-run-as-root --oversubscribe --bind-to none
+export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: all deps configure build test demo bench sanitize sanitize-thread format install clean help
+
+all: build
+
+help:
+	@echo "make demo      install what is missing, build, train on $(NP) CPU ranks"
+	@echo "make test      install what is missing, build, run every test"
+	@echo "make bench     run every benchmark; results in benchmarks/results/, benchmarks/RESULTS.md"
+	@echo "make sanitize  build under ASan+UBSan (build-asan/) and TSan (build-tsan/), run the tests"
+	@echo "make format    clang-format the C++ sources"
+
+deps:
+	@tools/install_deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 900
+
+demo: build
+	@tools/run_demo.sh --launcher $(LAUNCHER) --np $(NP) --mpirun "$(MPIRUN)"
+
+bench: build
+	@for d in benchmarks/run_*.py; do echo "== $$d"; $(PYTHON) $$d --build $(BUILD) || exit 1; done
+	@echo "results: benchmarks/results/*.json, table: benchmarks/RESULTS.md"
+
+# ASan+UBSan over the C++ tests (the Python extension is left out: it would
+# need the sanitizer runtime preloaded into the interpreter).
+sanitize: deps
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined \
+	  -DSTRATA_BUILD_PYTHON=OFF -DSTRATA_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/tools/lsan.supp \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest -j $(JOBS) --output-on-failure --timeout 1200 -LE python
+	$(MAKE) sanitize-thread
+
+# TSan over the tests of threaded code (label "threads").
+sanitize-thread: deps
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=thread \
+	  -DSTRATA_BUILD_PYTHON=OFF -DSTRATA_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tools/tsan.supp:halt_on_error=1 \
+	  ctest -j $(JOBS) --output-on-failure --timeout 1200 -L threads --no-tests=ignore
+
+format:
+	@git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
+
+install: build
+	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
+
+clean:
+	rm -rf $(BUILD) build-asan build-tsan

@@ -1,0 +1,39 @@
+"""strata: an embeddable distributed-training runtime.
+
+Process-group meshes for DP/TP/PP/CP/EP, communicators on MPI and NCCL,
+tensor- and pipeline-parallel building blocks, async sharded checkpoints and
+in-process recovery from failed ranks. See README.md and docs/.
+"""
+
+from . import errors
+from ._strata import LaunchEnv, Mesh, build_info, launch_env
+from .errors import (
+    CheckpointError,
+    CommError,
+    Error,
+    InvalidArgument,
+    LaunchError,
+    MeshError,
+    PipelineError,
+    RankFailure,
+    TopologyError,
+)
+
+__version__ = build_info()["version"]
+
+__all__ = [
+    "LaunchEnv",
+    "Mesh",
+    "build_info",
+    "launch_env",
+    "errors",
+    "Error",
+    "InvalidArgument",
+    "LaunchError",
+    "MeshError",
+    "CommError",
+    "RankFailure",
+    "CheckpointError",
+    "PipelineError",
+    "TopologyError",
+]

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Launches the demo (examples/demo/demo.py) on N CPU ranks.
+#   tools/run_demo.sh [--launcher mpirun] [--np 8] [--mpirun PATH] [--timeout S]
+set -euo pipefail
+launcher=mpirun
+np=8
+mpirun=mpirun
+limit=${STRATA_DEMO_TIMEOUT:-900}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --launcher) launcher=$2; shift 2 ;;
+    --np) np=$2; shift 2 ;;
+    --mpirun) mpirun=$2; shift 2 ;;
+    --timeout) limit=$2; shift 2 ;;
+    *) echo "run_demo.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+here=$(cd "$(dirname "$0")/.." && pwd)
+case "$launcher" in
+  mpirun)
+    cmd=("$mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np"
+         python3 "$here/examples/demo/demo.py") ;;
+  *)
+    echo "run_demo.sh: LAUNCHER=$launcher is not supported; use LAUNCHER=mpirun" >&2
+    exit 2 ;;
+esac
+set +e
+timeout --kill-after=15 "$limit" "${cmd[@]}"
+rc=$?
+if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  echo "demo: did not finish within ${limit}s and was stopped" >&2
+fi
+exit $rc
