@@ -15,7 +15,7 @@ MPIRUN ?= $(MPI_PREFIX)/bin/mpirun
 MPIRUN_FLAGS ?= --allow-run-as-root --oversubscribe --bind-to none
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all deps configure build test demo bench sanitize sanitize-thread format install clean help
+.PHONY: all deps configure build test demo bench sanitize sanitize-thread fuzz-short format install clean help
 
 all: build
 
@@ -39,6 +39,16 @@ build: configure
 
 test: build
 	cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 900
+	@$(MAKE) --no-print-directory fuzz-short
+
+# libFuzzer targets (tests/fuzz, built with clang), each run briefly. For a
+# long run: build-fuzz/<name>_fuzzer -max_total_time=3600 tests/fuzz/corpus/<name>
+FUZZ_SECONDS ?= 15
+fuzz-short: deps
+	@cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DSTRATA_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	cd build-fuzz && ctest -j $(JOBS) --output-on-failure
 
 demo: build
 	@tools/run_demo.sh --launcher $(LAUNCHER) --np $(NP) --mpirun "$(MPIRUN)"
@@ -74,4 +84,4 @@ install: build
 	cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz
