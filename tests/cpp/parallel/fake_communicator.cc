@@ -1,14 +1,16 @@
 #include "fake_communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 
 namespace strata::testing {
 
@@ -41,25 +43,28 @@ struct FakeGroup::State {
   const int size;
   const FakeOrdering ordering;
   const std::string name;
-  mutable absl::Mutex mu;
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Op>>> sends ABSL_GUARDED_BY(mu);
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Op>>> recvs ABSL_GUARDED_BY(mu);
-  std::vector<std::deque<std::shared_ptr<Op>>> issued ABSL_GUARDED_BY(mu);
-  bool revoked ABSL_GUARDED_BY(mu) = false;
-  int revoked_by ABSL_GUARDED_BY(mu) = -1;
-  std::vector<bool> aborted ABSL_GUARDED_BY(mu);
-  int64_t matched ABSL_GUARDED_BY(mu) = 0;
+  // std::mutex rather than absl::Mutex: the system abseil is not built for
+  // ThreadSanitizer, which then cannot see its locking.
+  mutable std::mutex mu;
+  std::condition_variable changed;
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Op>>> sends;
+  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Op>>> recvs;
+  std::vector<std::deque<std::shared_ptr<Op>>> issued;
+  bool revoked = false;
+  int revoked_by = -1;
+  std::vector<bool> aborted;
+  int64_t matched = 0;
 
-  void Finish(const std::shared_ptr<Op>& op, absl::Status status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void Finish(const std::shared_ptr<Op>& op, absl::Status status) {
     op->done = true;
     op->status = std::move(status);
+    changed.notify_all();
     auto& q = issued[op->rank];
     q.erase(std::find(q.begin(), q.end(), op));
   }
 
   // Completes every pair that can complete.
-  void Progress() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void Progress() {
     for (bool changed = true; changed;) {
       changed = false;
       for (auto& [channel, out] : sends) {
@@ -88,7 +93,7 @@ struct FakeGroup::State {
     }
   }
 
-  void FailPending(int only_rank, const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void FailPending(int only_rank, const absl::Status& status) {
     for (auto* table : {&sends, &recvs}) {
       for (auto& [channel, q] : *table) {
         for (auto it = q.begin(); it != q.end();) {
@@ -113,21 +118,20 @@ class FakeWork : public Work {
       : state_(std::move(state)), op_(std::move(op)) {}
 
   absl::Status Wait(absl::Time deadline) override {
+    std::unique_lock<std::mutex> lock(state_->mu);
     Op* op = op_.get();
-    const bool done = state_->mu.LockWhenWithDeadline(absl::Condition(
-                                                          +[](Op* o) { return o->done; }, op),
-                                                      deadline);
-    absl::Status st = op->status;
-    state_->mu.Unlock();
-    if (!done) {
+    auto done = [op] { return op->done; };
+    if (deadline == absl::InfiniteFuture()) {
+      state_->changed.wait(lock, done);
+    } else if (!state_->changed.wait_until(lock, absl::ToChronoTime(deadline), done)) {
       return absl::DeadlineExceededError(
           absl::StrCat(op->Describe(state_->name), ": deadline passed"));
     }
-    return st;
+    return op->status;
   }
 
   absl::StatusOr<bool> Test() override {
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     if (!op_->done) return false;
     if (!op_->status.ok()) return op_->status;
     return true;
@@ -193,14 +197,14 @@ class FakeComm : public Communicator {
     return absl::UnimplementedError("FakeGroup has no Split");
   }
   absl::Status Abort() override {
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     state_->aborted[rank_] = true;
     state_->FailPending(rank_, absl::AbortedError(absl::StrCat(
                                    "rank ", rank_, " aborted fake group ", state_->name)));
     return absl::OkStatus();
   }
   absl::Status Revoke() override {
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     if (!state_->revoked) state_->revoked_by = rank_;
     state_->revoked = true;
     state_->FailPending(
@@ -213,7 +217,7 @@ class FakeComm : public Communicator {
     return absl::UnimplementedError("FakeGroup has no Shrink");
   }
   absl::Status AsyncError() override {
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->revoked) return absl::AbortedError("fake group revoked");
     if (state_->aborted[rank_]) return absl::AbortedError("fake group aborted on this rank");
     return absl::OkStatus();
@@ -241,7 +245,7 @@ class FakeComm : public Communicator {
     op->dst = dst;
     op->count = count;
     op->dtype = dtype;
-    absl::MutexLock lock(&state_->mu);
+    std::lock_guard<std::mutex> lock(state_->mu);
     if (state_->aborted[rank_]) {
       return absl::FailedPreconditionError("fake group was aborted on this rank");
     }
@@ -275,7 +279,7 @@ std::unique_ptr<Communicator> FakeGroup::Comm(int rank) {
 }
 
 int64_t FakeGroup::matched() const {
-  absl::MutexLock lock(&state_->mu);
+  std::lock_guard<std::mutex> lock(state_->mu);
   return state_->matched;
 }
 
