@@ -37,12 +37,13 @@ struct Op {
 }  // namespace
 
 struct FakeGroup::State {
-  State(int n, FakeOrdering o, std::string g)
-      : size(n), ordering(o), name(std::move(g)), issued(n), aborted(n, false) {}
+  State(int n, FakeOrdering o, std::string g, MemoryKind m)
+      : size(n), ordering(o), name(std::move(g)), memory(m), issued(n), aborted(n, false) {}
 
   const int size;
   const FakeOrdering ordering;
   const std::string name;
+  const MemoryKind memory;
   // std::mutex rather than absl::Mutex: the system abseil is not built for
   // ThreadSanitizer, which then cannot see its locking.
   mutable std::mutex mu;
@@ -154,7 +155,7 @@ class FakeComm : public Communicator {
   const std::string& name() const override { return state_->name; }
   int world_rank() const override { return rank_; }
   absl::string_view backend() const override { return "fake"; }
-  MemoryKind memory() const override { return MemoryKind::kHost; }
+  MemoryKind memory() const override { return state_->memory; }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer, Buffer, ReduceOp,
                                                   const OpOptions&) override {
@@ -269,8 +270,8 @@ class FakeComm : public Communicator {
 
 }  // namespace
 
-FakeGroup::FakeGroup(int size, FakeOrdering ordering, std::string name)
-    : state_(std::make_shared<State>(size, ordering, std::move(name))) {}
+FakeGroup::FakeGroup(int size, FakeOrdering ordering, std::string name, MemoryKind memory)
+    : state_(std::make_shared<State>(size, ordering, std::move(name), memory)) {}
 
 FakeGroup::~FakeGroup() = default;
 

@@ -30,7 +30,10 @@ enum class FakeOrdering { kMatchPosted, kInOrder };
 
 class FakeGroup {
  public:
-  FakeGroup(int size, FakeOrdering ordering, std::string name = "pp");
+  // `memory` is what the communicators report (the data is always host
+  // memory; kCuda only tests code that checks it).
+  FakeGroup(int size, FakeOrdering ordering, std::string name = "pp",
+            MemoryKind memory = MemoryKind::kHost);
   ~FakeGroup();
 
   // The communicator of `rank`; it shares the group's state and may outlive

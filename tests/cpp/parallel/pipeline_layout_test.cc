@@ -85,6 +85,10 @@ TEST(LayoutTest, FromCounts) {
               HasSubstr("stage 1 has -1 layers; want >= 0"));
   EXPECT_THAT(StageLayout::FromCounts({}).status().message(),
               HasSubstr("a layout needs at least one stage"));
+  EXPECT_THAT(StageLayout::FromCounts(std::vector<int>(4097, 1)).status().message(),
+              HasSubstr("a layout has at most 4096 stages, got 4097"));
+  EXPECT_THAT(StageLayout::FromCounts({1 << 20, 1}).status().message(),
+              HasSubstr("a layout has at most 1048576 layers, got 1048577"));
 }
 
 TEST(LayoutTest, BalancedSplitsByWeight) {
@@ -118,6 +122,11 @@ TEST(LayoutTest, BalancedRefusesTooFewLayers) {
               HasSubstr("2 layers (embedding weight 0, loss weight 0) do not fill 5 stages"));
   o.num_stages = 0;
   EXPECT_THAT(StageLayout::Balanced(o).status().message(), HasSubstr("num_stages is 0"));
+  o.num_stages = 2;
+  o.num_layers = -1;
+  EXPECT_THAT(StageLayout::Balanced(o).status().message(),
+              HasSubstr("num_layers is -1; want 0..1048576"));
+  o.num_layers = 2;
   o.num_stages = 2;
   o.loss_weight = -1;
   EXPECT_THAT(StageLayout::Balanced(o).status().message(),

@@ -487,12 +487,94 @@ TEST(RunnerTest, CreateChecksItsArguments) {
   ASSERT_TRUE(order.ok());
   EXPECT_THAT(PipelineRunner::Create(*order, comm.get(), {}).status().message(),
               HasSubstr("but rank 1 has no 1RECV_F0<0 before it"));
+  FakeGroup device(2, FakeOrdering::kInOrder, "pp", MemoryKind::kCuda);
+  std::unique_ptr<Communicator> device_comm = device.Comm(0);
+  EXPECT_THAT(PipelineRunner::Create(two, device_comm.get(), {}).status().message(),
+              HasSubstr("communicator 'pp' works on device memory; set RunnerOptions::allocate"));
   absl::StatusOr<Schedule> crossed = Schedule::Parse(
       "0F0 0RECV_B0<1 0SEND_F0>1 0B0\n"
       "1RECV_F0<0 1F0 1B0 1SEND_B0>0\n");
   ASSERT_TRUE(crossed.ok());
   EXPECT_THAT(PipelineRunner::Create(*crossed, comm.get(), {}).status().message(),
               HasSubstr("deadlock"));
+}
+
+// Runs p=2, m=1 1F1B where stage 0 returns `outputs`, and returns rank 0's
+// error message.
+std::string StageZeroError(TensorList outputs, const RunnerOptions& options = {}) {
+  Model model(2);
+  StageFunctions fns = Functions(&model, false, false);
+  auto forward = fns.forward;
+  fns.forward = [forward, outputs](const ForwardCall& call) -> absl::StatusOr<ForwardResult> {
+    absl::StatusOr<ForwardResult> out = forward(call);
+    if (out.ok() && call.stage == 0) out->outputs = outputs;
+    return out;
+  };
+  const std::vector<RankResult> results =
+      RunAll(OneForwardOneBackward(2, 1), FakeOrdering::kInOrder, options, fns);
+  EXPECT_FALSE(results[0].step.ok());
+  EXPECT_FALSE(results[1].step.ok());  // revoked
+  return std::string(results[0].step.status().message());
+}
+
+TEST(RunnerTest, StageOutputsAreChecked) {
+  StageTensor no_data = Vector(4, false);
+  no_data.data = nullptr;
+  EXPECT_THAT(StageZeroError({no_data}), HasSubstr("forward output 0 (fp64[4]) has no data"));
+  StageTensor negative = Vector(4, false);
+  negative.spec.shape = {-4};
+  EXPECT_THAT(StageZeroError({negative}),
+              HasSubstr("forward output 0: tensor fp64[-4] has a negative dim"));
+  StageTensor deep = Vector(1, false);
+  deep.spec.shape = std::vector<int64_t>(9, 1);
+  EXPECT_THAT(StageZeroError({deep}), HasSubstr("has 9 dims; at most 8 are supported"));
+  EXPECT_THAT(StageZeroError(TensorList(9, Vector(4, false))),
+              HasSubstr("forward of stage 0 returned 9 outputs; a transfer carries at most 8"));
+}
+
+TEST(RunnerTest, AllocationAndDeclaredShapesAreChecked) {
+  const Schedule schedule = OneForwardOneBackward(2, 1);
+  Model model(2);
+  const StageFunctions fns = Functions(&model, false, false);
+  RunnerOptions failing;
+  failing.allocate = [](const TensorSpec&) -> absl::StatusOr<StageTensor> {
+    return absl::ResourceExhaustedError("device full");
+  };
+  // Both ranks allocate (rank 1 for the activation, rank 0 for its
+  // gradient); whichever fails first revokes the other.
+  auto any_message = [](const std::vector<RankResult>& results) {
+    std::string all;
+    for (const RankResult& r : results) absl::StrAppend(&all, r.step.status().message(), "\n");
+    return all;
+  };
+  std::vector<RankResult> results = RunAll(schedule, FakeOrdering::kInOrder, failing, fns);
+  EXPECT_THAT(any_message(results),
+              ::testing::AnyOf(HasSubstr("at action #0 1RECV_F0<0 (stage 1, microbatch 0): "
+                                         "allocating fp64[4]: device full"),
+                               HasSubstr("at action #2 0RECV_B0<1 (stage 0, microbatch 0): "
+                                         "allocating fp64[4]: device full")));
+  RunnerOptions wrong;
+  wrong.allocate = [](const TensorSpec&) -> absl::StatusOr<StageTensor> {
+    return StageTensor::Host({DataType::kFloat32, {2}});
+  };
+  results = RunAll(schedule, FakeOrdering::kInOrder, wrong, fns);
+  EXPECT_THAT(any_message(results),
+              HasSubstr("RunnerOptions::allocate returned fp32[2] for fp64[4]"));
+  RunnerOptions declared;
+  declared.shapes = ShapeExchange::kDeclared;
+  declared.input_specs = [](int, int) -> absl::StatusOr<std::vector<TensorSpec>> {
+    return absl::NotFoundError("no such microbatch");
+  };
+  results = RunAll(schedule, FakeOrdering::kInOrder, declared, fns);
+  EXPECT_EQ(results[0].step.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(results[0].step.status().message(),
+              HasSubstr("input_specs failed: no such microbatch"));
+  declared.input_specs = [](int, int) -> absl::StatusOr<std::vector<TensorSpec>> {
+    return std::vector<TensorSpec>{};
+  };
+  results = RunAll(schedule, FakeOrdering::kInOrder, declared, fns);
+  EXPECT_THAT(results[1].step.status().message(),
+              HasSubstr("input_specs(1, 0) declares 0 tensors; want 1..8"));
 }
 
 }  // namespace

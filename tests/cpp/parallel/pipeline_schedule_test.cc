@@ -192,6 +192,10 @@ TEST(ScheduleTest, CreateChecksTheStructure) {
       {{{Action::Forward(1023, 0), Action::Forward(0, 4096)}},
        "1024 stages x 4097 microbatches is more than 4194304"},
   };
+  std::vector<std::vector<Action>> too_many(kMaxRanks + 1);
+  too_many[0].push_back(f00);
+  EXPECT_THAT(Schedule::Create(too_many).status().message(),
+              HasSubstr("a schedule has at most 65536 ranks, got 65537"));
   for (const BadSchedule& c : cases) {
     absl::StatusOr<Schedule> s = Schedule::Create(c.actions);
     ASSERT_FALSE(s.ok()) << c.message;
