@@ -21,8 +21,9 @@ struct PendingRecv {
   int index = -1;  // the RECV action
 };
 
-// A posted send and what must stay alive until it completes.
-struct PendingSend {
+// A posted send (or a shape-header receive left by a failure) and what must
+// stay alive until it completes.
+struct PendingOp {
   std::unique_ptr<Work> work;
   std::shared_ptr<std::vector<int64_t>> header;
   StageTensor tensor;
@@ -55,7 +56,7 @@ struct PipelineRunner::StepState {
   std::unordered_map<int64_t, PendingRecv> grad_recvs;
   // Input gradients of (stage, microbatch) waiting for their SEND_B.
   std::unordered_map<int64_t, TensorList> grads_out;
-  std::deque<PendingSend> sends;
+  std::deque<PendingOp> sends;  // in issue order
   int in_flight = 0;
   int failed_send = -1;
   StepResult result;
@@ -315,8 +316,9 @@ absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action&
   if (options_.shapes == ShapeExchange::kDeclared) {
     absl::StatusOr<std::vector<TensorSpec>> declared =
         options_.input_specs(a.stage + 1, a.microbatch);
-    if (!declared.ok())
+    if (!declared.ok()) {
       return ::strata::internal::Annotate(declared.status(), "input_specs failed");
+    }
     if (*declared != specs) {
       return absl::InvalidArgumentError(
           absl::StrCat("stage ", a.stage, "'s outputs for microbatch ", a.microbatch, " are ",
@@ -363,8 +365,9 @@ absl::StatusOr<TensorList> PipelineRunner::Allocate(const std::vector<TensorSpec
       continue;
     }
     absl::StatusOr<StageTensor> t = options_.allocate(spec);
-    if (!t.ok())
+    if (!t.ok()) {
       return ::strata::internal::Annotate(t.status(), absl::StrCat("allocating ", spec.ToString()));
+    }
     if (t->spec != spec || (t->data == nullptr && spec.num_bytes() > 0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("RunnerOptions::allocate returned ", t->spec.ToString(),
@@ -379,8 +382,9 @@ absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action&
   std::vector<TensorSpec> specs;
   if (options_.shapes == ShapeExchange::kDeclared) {
     absl::StatusOr<std::vector<TensorSpec>> declared = options_.input_specs(a.stage, a.microbatch);
-    if (!declared.ok())
+    if (!declared.ok()) {
       return ::strata::internal::Annotate(declared.status(), "input_specs failed");
+    }
     if (declared->empty() || declared->size() > static_cast<size_t>(kMaxTransferTensors)) {
       return absl::InvalidArgumentError(absl::StrCat("input_specs(", a.stage, ", ", a.microbatch,
                                                      ") declares ", declared->size(),
@@ -394,14 +398,20 @@ absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action&
   } else {
     // The header is waited for here, before anything else is issued, so this
     // rank's operations stay in the schedule's order.
-    std::vector<int64_t> header(internal::kHeaderWords);
+    auto header = std::make_shared<std::vector<int64_t>>(internal::kHeaderWords);
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> w,
-                            comm_->Recv(Buffer::Of(header.data(), header.size()), a.peer));
-    STRATA_RETURN_IF_ERROR_CTX(w->Wait(st.deadline), "receiving the shape header from rank ",
-                               a.peer);
-    STRATA_ASSIGN_OR_RETURN(specs, internal::DecodeHeader(header));
+                            comm_->Recv(Buffer::Of(header->data(), header->size()), a.peer));
+    if (absl::Status s = w->Wait(st.deadline); !s.ok()) {
+      // Still posted: the step's failure path drains it with the sends.
+      st.sends.push_back({std::move(w), std::move(header), {}, index});
+      return ::strata::internal::Annotate(
+          s, absl::StrCat("receiving the shape header from rank ", a.peer));
+    }
+    STRATA_ASSIGN_OR_RETURN(specs, internal::DecodeHeader(*header));
   }
-  PendingRecv p;
+  // Registered before posting, so a failure part-way leaves every posted
+  // receive (and its buffer) where the failure path drains it.
+  PendingRecv& p = st.forward_recvs[st.Cell(a.stage, a.microbatch)];
   p.index = index;
   STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(specs));
   for (StageTensor& t : p.tensors) {
@@ -411,7 +421,6 @@ absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action&
                     a.peer));
     p.works.push_back(std::move(w));
   }
-  st.forward_recvs[st.Cell(a.stage, a.microbatch)] = std::move(p);
   return absl::OkStatus();
 }
 
@@ -419,7 +428,7 @@ absl::Status PipelineRunner::RecvBackward(StepState& st, int index, const Action
   // The gradient of each output has the output's spec.
   auto it = st.slots.find(st.Cell(a.stage, a.microbatch));
   STRATA_CHECK(it != st.slots.end(), "gradient received before the forward of ", a.ToString());
-  PendingRecv p;
+  PendingRecv& p = st.grad_recvs[st.Cell(a.stage, a.microbatch)];
   p.index = index;
   STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(internal::SpecsOf(it->second.outputs)));
   for (StageTensor& t : p.tensors) {
@@ -429,13 +438,12 @@ absl::Status PipelineRunner::RecvBackward(StepState& st, int index, const Action
                     a.peer));
     p.works.push_back(std::move(w));
   }
-  st.grad_recvs[st.Cell(a.stage, a.microbatch)] = std::move(p);
   return absl::OkStatus();
 }
 
 absl::Status PipelineRunner::ReapSends(StepState& st, bool wait) {
   while (!st.sends.empty()) {
-    PendingSend& front = st.sends.front();
+    PendingOp& front = st.sends.front();
     if (wait) {
       absl::Status s = front.work->Wait(st.deadline);
       if (!s.ok()) {
@@ -473,8 +481,8 @@ absl::Status PipelineRunner::Fail(StepState& st, int index, absl::Status cause) 
       for (auto& w : keep->works) pending.emplace_back(w.get(), keep);
     }
   }
-  for (PendingSend& p : st.sends) {
-    auto keep = std::make_shared<PendingSend>(std::move(p));
+  for (PendingOp& p : st.sends) {
+    auto keep = std::make_shared<PendingOp>(std::move(p));
     pending.emplace_back(keep->work.get(), keep);
   }
   const absl::Time drain = absl::Now() + kDrainTime;

@@ -1,5 +1,7 @@
 // The machinery shared by the validator, the simulator and communication
 // insertion: the structural checks and the simulation engine.
+//
+// Thread-safety: plain functions over values; Problems is not thread-safe.
 #pragma once
 
 #include <cstdint>
