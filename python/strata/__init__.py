@@ -5,7 +5,7 @@ tensor- and pipeline-parallel building blocks, async sharded checkpoints and
 in-process recovery from failed ranks. See README.md and docs/.
 """
 
-from . import errors
+from . import errors, pipeline
 from ._strata import LaunchEnv, Mesh, build_info, launch_env
 from .errors import (
     CheckpointError,
@@ -27,6 +27,7 @@ __all__ = [
     "build_info",
     "launch_env",
     "errors",
+    "pipeline",
     "Error",
     "InvalidArgument",
     "LaunchError",

@@ -1,0 +1,503 @@
+// PipelineRunner: one rank's execution of a schedule (see runner.h).
+#include "strata/parallel/pipeline/runner.h"
+
+#include <algorithm>
+#include <deque>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "parallel/pipeline/internal/wire.h"
+#include "strata/base/status.h"
+#include "strata/parallel/pipeline/validate.h"
+
+namespace strata::pipeline {
+namespace {
+
+// Posted receives of one transfer, and the tensors they fill.
+struct PendingRecv {
+  std::vector<std::unique_ptr<Work>> works;
+  TensorList tensors;
+  int index = -1;  // the RECV action
+};
+
+// A posted send (or a shape-header receive left by a failure) and what must
+// stay alive until it completes.
+struct PendingOp {
+  std::unique_ptr<Work> work;
+  std::shared_ptr<std::vector<int64_t>> header;
+  StageTensor tensor;
+  int index = -1;  // the SEND action
+};
+
+// One activation held on this rank: from F until B (or W).
+struct Slot {
+  TensorList inputs;
+  TensorList outputs;
+  TensorList output_grads;
+  std::shared_ptr<void> context;
+};
+
+// How long a failed step waits for its cancelled operations to finish.
+constexpr absl::Duration kDrainTime = absl::Seconds(10);
+
+double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+}  // namespace
+
+struct PipelineRunner::StepState {
+  absl::Time start;
+  absl::Time deadline;
+  int m = 0;
+  int num_stages = 0;
+  std::unordered_map<int64_t, Slot> slots;
+  // Keyed by the consuming (stage, microbatch).
+  std::unordered_map<int64_t, PendingRecv> forward_recvs;
+  std::unordered_map<int64_t, PendingRecv> grad_recvs;
+  // Input gradients of (stage, microbatch) waiting for their SEND_B.
+  std::unordered_map<int64_t, TensorList> grads_out;
+  std::deque<PendingOp> sends;  // in issue order
+  int in_flight = 0;
+  int failed_send = -1;
+  StepResult result;
+
+  int64_t Cell(int stage, int microbatch) const { return int64_t{stage} * m + microbatch; }
+};
+
+PipelineRunner::PipelineRunner(Schedule schedule, Communicator* comm, RunnerOptions options)
+    : schedule_(std::move(schedule)),
+      comm_(comm),
+      options_(std::move(options)),
+      rank_(comm->rank()) {}
+
+PipelineRunner::~PipelineRunner() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(Schedule schedule,
+                                                                       Communicator* comm,
+                                                                       RunnerOptions options) {
+  if (options.version != RunnerOptions::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("RunnerOptions version ", options.version,
+                                                   " is not supported (this build reads version ",
+                                                   RunnerOptions::kVersion, ")"));
+  }
+  if (comm == nullptr) return absl::InvalidArgumentError("the communicator is null");
+  if (comm->size() != schedule.num_ranks()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the schedule", schedule.name().empty() ? "" : " '" + schedule.name() + "'", " has ",
+        schedule.num_ranks(), " ranks but communicator '", comm->name(), "' has ", comm->size()));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunnerOptions::timeout is ", absl::FormatDuration(options.timeout), "; want > 0"));
+  }
+  if (options.shapes == ShapeExchange::kDeclared && !options.input_specs) {
+    return absl::InvalidArgumentError("ShapeExchange::kDeclared needs RunnerOptions::input_specs");
+  }
+  if (comm->memory() != MemoryKind::kHost && !options.allocate) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communicator '", comm->name(),
+        "' works on device memory; set RunnerOptions::allocate to allocate device tensors"));
+  }
+  ValidateOptions validate;
+  validate.communication = CommActions::kRequired;
+  validate.comm_model = CommModel::kRendezvous;
+  STRATA_RETURN_IF_ERROR(ValidateSchedule(schedule, validate));
+  return std::unique_ptr<PipelineRunner>(
+      new PipelineRunner(std::move(schedule), comm, std::move(options)));
+}
+
+std::string PipelineRunner::Context(int index) const {
+  std::string s = absl::StrCat("pipeline rank ", rank_, " (world rank ", comm_->world_rank(),
+                               ", group '", comm_->name(), "')");
+  if (index < 0) return absl::StrCat(s, " before its first action");
+  const Action& a = schedule_.actions(rank_)[index];
+  return absl::StrCat(s, " at action #", index, " ", a.ToString(), " (stage ", a.stage,
+                      ", microbatch ", a.microbatch, ")");
+}
+
+absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
+  StepState st;
+  st.start = absl::Now();
+  st.deadline = st.start + options_.timeout;
+  st.m = schedule_.num_microbatches();
+  st.num_stages = schedule_.num_stages();
+  const std::vector<Action>& list = schedule_.actions(rank_);
+
+  // Missing functions are found before any transfer is posted.
+  bool full = false, split = false;
+  for (const Action& a : list) {
+    full |= a.type == ActionType::kBackward;
+    split |= a.type == ActionType::kBackwardInput;
+  }
+  if (!fns.forward || (full && !fns.backward) ||
+      (split && (!fns.backward_input || !fns.backward_weight))) {
+    return Fail(
+        st, -1,
+        absl::InvalidArgumentError(absl::StrCat(
+            "StageFunctions needs forward", full ? ", backward" : "",
+            split ? ", backward_input and backward_weight" : "", " for this rank's actions")));
+  }
+  for (int k = 0; k < static_cast<int>(list.size()); ++k) {
+    if (absl::Status s = Execute(st, fns, k); !s.ok()) return Fail(st, k, std::move(s));
+    if (absl::Status s = ReapSends(st, /*wait=*/false); !s.ok()) {
+      return Fail(st, st.failed_send, std::move(s));
+    }
+  }
+  if (absl::Status s = ReapSends(st, /*wait=*/true); !s.ok()) {
+    return Fail(st, st.failed_send, std::move(s));
+  }
+  // A validated schedule releases everything it takes.
+  STRATA_CHECK(
+      st.slots.empty() && st.forward_recvs.empty() && st.grad_recvs.empty() && st.grads_out.empty(),
+      "pipeline step ended with state left on rank ", rank_);
+  st.result.step_seconds = Seconds(st.start, absl::Now());
+  return std::move(st.result);
+}
+
+absl::Status PipelineRunner::Execute(StepState& st, const StageFunctions& fns, int index) {
+  const Action& a = schedule_.actions(rank_)[index];
+  switch (a.type) {
+    case ActionType::kForward:
+      return Forward(st, fns, a);
+    case ActionType::kBackward:
+    case ActionType::kBackwardInput:
+    case ActionType::kBackwardWeight:
+      return Backward(st, fns, a);
+    case ActionType::kSendForward:
+      return SendForward(st, index, a);
+    case ActionType::kRecvForward:
+      return RecvForward(st, index, a);
+    case ActionType::kSendBackward:
+      return SendBackward(st, index, a);
+    case ActionType::kRecvBackward:
+      return RecvBackward(st, index, a);
+  }
+  return absl::InternalError("unknown action type");
+}
+
+namespace {
+
+// Waits for a transfer's receives; names the RECV action on failure.
+absl::Status WaitRecv(PendingRecv& p, const Schedule& s, int rank, absl::Time deadline) {
+  for (std::unique_ptr<Work>& w : p.works) {
+    absl::Status st = w->Wait(deadline);
+    if (!st.ok()) {
+      return ::strata::internal::Annotate(
+          st, absl::StrCat("waiting for the data of action #", p.index, " ",
+                           s.actions(rank)[p.index].ToString()));
+    }
+  }
+  p.works.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PipelineRunner::Forward(StepState& st, const StageFunctions& fns, const Action& a) {
+  const int s = a.stage, i = a.microbatch;
+  TensorList inputs;
+  if (s > 0 && schedule_.rank_of_stage(s - 1) == rank_) {
+    inputs = st.slots.at(st.Cell(s - 1, i)).outputs;  // handed over on this rank
+  } else if (s > 0) {
+    auto it = st.forward_recvs.find(st.Cell(s, i));
+    STRATA_CHECK(it != st.forward_recvs.end(), "no receive posted for ", a.ToString());
+    STRATA_RETURN_IF_ERROR(WaitRecv(it->second, schedule_, rank_, st.deadline));
+    inputs = std::move(it->second.tensors);
+    st.forward_recvs.erase(it);
+  }
+  ForwardCall call;
+  call.stage = s;
+  call.microbatch = i;
+  call.inputs = &inputs;
+  const absl::Time begin = absl::Now();
+  absl::StatusOr<ForwardResult> out = fns.forward(call);
+  const absl::Time end = absl::Now();
+  st.result.timings.push_back({a, Seconds(st.start, begin), Seconds(st.start, end)});
+  st.result.busy_seconds += Seconds(begin, end);
+  if (!out.ok()) return ::strata::internal::Annotate(out.status(), "forward failed");
+  const bool last = s == st.num_stages - 1;
+  if (last && !out->loss.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage ", s, " is the last stage: its forward must return a loss (ForwardResult::loss)"));
+  }
+  if (!last && out->outputs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward of stage ", s, " returned no outputs; stage ", s + 1, " needs at least one"));
+  }
+  for (size_t k = 0; k < out->outputs.size() && !last; ++k) {
+    const StageTensor& t = out->outputs[k];
+    STRATA_RETURN_IF_ERROR_CTX(internal::CheckSpec(t.spec), "forward output ", k);
+    if (t.data == nullptr && t.spec.num_bytes() > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward output ", k, " (", t.spec.ToString(), ") has no data"));
+    }
+  }
+  if (last) {
+    if (st.result.losses.empty()) st.result.losses.assign(st.m, 0.0);
+    st.result.losses[i] = *out->loss;
+  }
+  Slot& slot = st.slots[st.Cell(s, i)];
+  slot.inputs = std::move(inputs);
+  slot.outputs = std::move(out->outputs);
+  slot.context = std::move(out->context);
+  st.result.peak_in_flight = std::max(st.result.peak_in_flight, ++st.in_flight);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::Backward(StepState& st, const StageFunctions& fns, const Action& a) {
+  const int s = a.stage, i = a.microbatch;
+  auto it = st.slots.find(st.Cell(s, i));
+  STRATA_CHECK(it != st.slots.end(), "no activation for ", a.ToString());
+  Slot& slot = it->second;
+  const bool last = s == st.num_stages - 1;
+  if (a.type != ActionType::kBackwardWeight && !last && schedule_.rank_of_stage(s + 1) != rank_) {
+    auto r = st.grad_recvs.find(st.Cell(s, i));
+    STRATA_CHECK(r != st.grad_recvs.end(), "no receive posted for ", a.ToString());
+    STRATA_RETURN_IF_ERROR(WaitRecv(r->second, schedule_, rank_, st.deadline));
+    slot.output_grads = std::move(r->second.tensors);
+    st.grad_recvs.erase(r);
+  }
+  BackwardCall call;
+  call.stage = s;
+  call.microbatch = i;
+  call.inputs = &slot.inputs;
+  call.outputs = &slot.outputs;
+  call.output_grads = &slot.output_grads;
+  call.context = &slot.context;
+  call.loss_scale = last && options_.grad_scaling == GradScaling::kMean ? 1.0 / st.m : 1.0;
+
+  const absl::Time begin = absl::Now();
+  absl::StatusOr<TensorList> grads = TensorList{};
+  if (a.type == ActionType::kBackward) grads = fns.backward(call);
+  if (a.type == ActionType::kBackwardInput) grads = fns.backward_input(call);
+  if (a.type == ActionType::kBackwardWeight) {
+    if (absl::Status w = fns.backward_weight(call); !w.ok()) grads = w;
+  }
+  const absl::Time end = absl::Now();
+  st.result.timings.push_back({a, Seconds(st.start, begin), Seconds(st.start, end)});
+  st.result.busy_seconds += Seconds(begin, end);
+  if (!grads.ok()) {
+    const char* what = a.type == ActionType::kBackward        ? "backward failed"
+                       : a.type == ActionType::kBackwardInput ? "input-gradient backward failed"
+                                                              : "weight-gradient backward failed";
+    return ::strata::internal::Annotate(grads.status(), what);
+  }
+  if (a.type != ActionType::kBackwardWeight) {
+    const std::vector<TensorSpec> want = internal::SpecsOf(slot.inputs);
+    const std::vector<TensorSpec> got = internal::SpecsOf(*grads);
+    if (got != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "backward of stage ", s, " returned gradients ", internal::SpecList(got), " for inputs ",
+          internal::SpecList(want), "; each input needs a gradient of its spec (none on stage 0)"));
+    }
+    if (s > 0 && schedule_.rank_of_stage(s - 1) == rank_) {
+      st.slots.at(st.Cell(s - 1, i)).output_grads = std::move(*grads);  // handed over
+    } else if (s > 0) {
+      st.grads_out[st.Cell(s, i)] = std::move(*grads);
+    }
+  }
+  if (a.type != ActionType::kBackwardInput) {
+    st.slots.erase(it);  // the activation is no longer needed
+    --st.in_flight;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action& a) {
+  const Slot& slot = st.slots.at(st.Cell(a.stage, a.microbatch));
+  const std::vector<TensorSpec> specs = internal::SpecsOf(slot.outputs);
+  if (specs.size() > static_cast<size_t>(kMaxTransferTensors)) {
+    return absl::InvalidArgumentError(absl::StrCat("forward of stage ", a.stage, " returned ",
+                                                   specs.size(),
+                                                   " outputs; a transfer carries "
+                                                   "at most ",
+                                                   kMaxTransferTensors));
+  }
+  if (options_.shapes == ShapeExchange::kDeclared) {
+    absl::StatusOr<std::vector<TensorSpec>> declared =
+        options_.input_specs(a.stage + 1, a.microbatch);
+    if (!declared.ok()) {
+      return ::strata::internal::Annotate(declared.status(), "input_specs failed");
+    }
+    if (*declared != specs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", a.stage, "'s outputs for microbatch ", a.microbatch, " are ",
+                       internal::SpecList(specs), " but input_specs(", a.stage + 1, ", ",
+                       a.microbatch, ") declares ", internal::SpecList(*declared)));
+    }
+  } else {
+    auto header = std::make_shared<std::vector<int64_t>>(internal::EncodeHeader(specs));
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Send(ConstBuffer(header->data(), header->size(), DataType::kInt64), a.peer));
+    st.sends.push_back({std::move(w), std::move(header), {}, index});
+  }
+  for (const StageTensor& t : slot.outputs) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Send(ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
+                    a.peer));
+    st.sends.push_back({std::move(w), nullptr, t, index});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::SendBackward(StepState& st, int index, const Action& a) {
+  auto it = st.grads_out.find(st.Cell(a.stage, a.microbatch));
+  STRATA_CHECK(it != st.grads_out.end(), "no gradient to send for ", a.ToString());
+  for (const StageTensor& t : it->second) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Send(ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
+                    a.peer));
+    st.sends.push_back({std::move(w), nullptr, t, index});
+  }
+  st.grads_out.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorList> PipelineRunner::Allocate(const std::vector<TensorSpec>& specs) {
+  TensorList out;
+  out.reserve(specs.size());
+  for (const TensorSpec& spec : specs) {
+    if (!options_.allocate) {
+      out.push_back(StageTensor::Host(spec));
+      continue;
+    }
+    absl::StatusOr<StageTensor> t = options_.allocate(spec);
+    if (!t.ok()) {
+      return ::strata::internal::Annotate(t.status(), absl::StrCat("allocating ", spec.ToString()));
+    }
+    if (t->spec != spec || (t->data == nullptr && spec.num_bytes() > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RunnerOptions::allocate returned ", t->spec.ToString(),
+                       t->data ? "" : " (no data)", " for ", spec.ToString()));
+    }
+    out.push_back(std::move(*t));
+  }
+  return out;
+}
+
+absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action& a) {
+  std::vector<TensorSpec> specs;
+  if (options_.shapes == ShapeExchange::kDeclared) {
+    absl::StatusOr<std::vector<TensorSpec>> declared = options_.input_specs(a.stage, a.microbatch);
+    if (!declared.ok()) {
+      return ::strata::internal::Annotate(declared.status(), "input_specs failed");
+    }
+    if (declared->empty() || declared->size() > static_cast<size_t>(kMaxTransferTensors)) {
+      return absl::InvalidArgumentError(absl::StrCat("input_specs(", a.stage, ", ", a.microbatch,
+                                                     ") declares ", declared->size(),
+                                                     " tensors; want 1..", kMaxTransferTensors));
+    }
+    for (const TensorSpec& spec : *declared) {
+      STRATA_RETURN_IF_ERROR_CTX(internal::CheckSpec(spec), "input_specs(", a.stage, ", ",
+                                 a.microbatch, ")");
+    }
+    specs = std::move(*declared);
+  } else {
+    // The header is waited for here, before anything else is issued, so this
+    // rank's operations stay in the schedule's order.
+    auto header = std::make_shared<std::vector<int64_t>>(internal::kHeaderWords);
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> w,
+                            comm_->Recv(Buffer::Of(header->data(), header->size()), a.peer));
+    if (absl::Status s = w->Wait(st.deadline); !s.ok()) {
+      // Still posted: the step's failure path drains it with the sends.
+      st.sends.push_back({std::move(w), std::move(header), {}, index});
+      return ::strata::internal::Annotate(
+          s, absl::StrCat("receiving the shape header from rank ", a.peer));
+    }
+    STRATA_ASSIGN_OR_RETURN(specs, internal::DecodeHeader(*header));
+  }
+  // Registered before posting, so a failure part-way leaves every posted
+  // receive (and its buffer) where the failure path drains it.
+  PendingRecv& p = st.forward_recvs[st.Cell(a.stage, a.microbatch)];
+  p.index = index;
+  STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(specs));
+  for (StageTensor& t : p.tensors) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
+                    a.peer));
+    p.works.push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::RecvBackward(StepState& st, int index, const Action& a) {
+  // The gradient of each output has the output's spec.
+  auto it = st.slots.find(st.Cell(a.stage, a.microbatch));
+  STRATA_CHECK(it != st.slots.end(), "gradient received before the forward of ", a.ToString());
+  PendingRecv& p = st.grad_recvs[st.Cell(a.stage, a.microbatch)];
+  p.index = index;
+  STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(internal::SpecsOf(it->second.outputs)));
+  for (StageTensor& t : p.tensors) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
+                    a.peer));
+    p.works.push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::ReapSends(StepState& st, bool wait) {
+  while (!st.sends.empty()) {
+    PendingOp& front = st.sends.front();
+    if (wait) {
+      absl::Status s = front.work->Wait(st.deadline);
+      if (!s.ok()) {
+        st.failed_send = front.index;
+        return ::strata::internal::Annotate(s, "completing the send");
+      }
+    } else {
+      absl::StatusOr<bool> done = front.work->Test();
+      if (!done.ok()) {
+        st.failed_send = front.index;
+        return ::strata::internal::Annotate(done.status(), "completing the send");
+      }
+      if (!*done) break;
+    }
+    st.sends.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::Fail(StepState& st, int index, absl::Status cause) {
+  absl::Status status = ::strata::internal::Annotate(cause, Context(index));
+  // Stop the peers (or at least this rank), so every pending operation ends.
+  const bool revoked = options_.on_failure == OnFailure::kRevoke && comm_->Revoke().ok();
+  bool aborted = false;
+  if (!revoked) {
+    (void)comm_->Abort();
+    aborted = true;
+  }
+  // The pending operations use buffers this step owns: wait for them to
+  // finish (they fail once revoked or aborted) before releasing them.
+  std::vector<std::pair<Work*, std::shared_ptr<void>>> pending;
+  for (auto* recvs : {&st.forward_recvs, &st.grad_recvs}) {
+    for (auto& [cell, p] : *recvs) {
+      auto keep = std::make_shared<PendingRecv>(std::move(p));
+      for (auto& w : keep->works) pending.emplace_back(w.get(), keep);
+    }
+  }
+  for (PendingOp& p : st.sends) {
+    auto keep = std::make_shared<PendingOp>(std::move(p));
+    pending.emplace_back(keep->work.get(), keep);
+  }
+  const absl::Time drain = absl::Now() + kDrainTime;
+  for (auto& [work, keep] : pending) {
+    (void)work->Wait(drain);
+    absl::StatusOr<bool> done = work->Test();
+    if (done.ok() && !*done && !aborted) {
+      (void)comm_->Abort();
+      aborted = true;
+      (void)work->Wait(absl::Now() + kDrainTime);
+      done = work->Test();
+    }
+    if (done.ok() && !*done) orphans_.push_back(keep);
+  }
+  return status;
+}
+
+}  // namespace strata::pipeline
