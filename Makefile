@@ -69,7 +69,11 @@ sanitize: deps
 	  ctest -j $(JOBS) --output-on-failure --timeout 1200 -LE python
 	$(MAKE) sanitize-thread
 
-# TSan over the tests of threaded code (label "threads").
+# TSan over the tests of threaded code (label "threads"). Open MPI's UCX
+# hooks madvise/malloc, which crashes TSan-instrumented binaries (also at
+# gtest discovery during the build): turn the hooks off.
+sanitize-thread: export UCX_MEM_EVENTS = no
+sanitize-thread: export UCX_MEM_MALLOC_HOOKS = no
 sanitize-thread: deps
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=thread \
 	  -DSTRATA_BUILD_PYTHON=OFF -DSTRATA_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
