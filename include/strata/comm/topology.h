@@ -84,6 +84,7 @@ struct STRATA_EXPORT Nic {
   std::string name;  // ibverbs device ("mlx5_0", "rdmap16s27") or netdev ("eth0")
   NicKind kind = NicKind::kEthernet;
   std::string pci_bus_id;            // empty if not known
+  std::string driver;                // kernel driver of the PCI function: "mlx5_core", "ena", "gve"
   std::vector<std::string> netdevs;  // associated network interfaces
   int numa_node = -1;
   int port = 1;           // RDMA port used

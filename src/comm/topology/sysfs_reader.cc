@@ -164,6 +164,7 @@ void ReadRdmaNics(const fs::path& root, const std::map<std::string, PciDevice>& 
       ec.clear();
     }
     nic.pci_bus_id = d.bdf;
+    nic.driver = d.driver;
     nic.numa_node = d.numa;
     // The first active port, else the first port.
     std::vector<fs::path> ports;
@@ -246,6 +247,7 @@ void ReadEthernetNics(const fs::path& root, const std::map<std::string, PciDevic
     nic.kind = NicKind::kEthernet;
     nic.netdevs = {name};
     nic.pci_bus_id = d.bdf;
+    nic.driver = d.driver;
     nic.numa_node = d.numa;
     std::string speed, oper;
     int mbps = 0;
