@@ -93,6 +93,8 @@ struct STRATA_EXPORT Nic {
   // RDMA only: GID table of the port, "RoCE v2", "IB/RoCE v1" or "" for an
   // unused entry, indexed by GID index.
   std::vector<std::string> gid_types;
+  // RDMA only: the GID values ("0000:...:ffff:0a00:0001"), same indices.
+  std::vector<std::string> gids;
 };
 
 // Whether GPUDirect RDMA (NIC reading/writing GPU memory) can work.

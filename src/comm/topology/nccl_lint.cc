@@ -77,6 +77,17 @@ const std::map<std::string, std::string>& Myths() {
 
 bool IsTrue(const LintContext& ctx, const char* name) { return ctx.IntOr(name, 0) != 0; }
 
+// Every active RDMA port is InfiniBand (RoCE settings do not apply).
+bool PureInfiniBand(const Topology* t) {
+  if (t == nullptr) return false;
+  int ib = 0, other = 0;
+  for (const Nic& n : t->nics) {
+    if (!n.active || n.kind == NicKind::kEthernet) continue;
+    (n.kind == NicKind::kInfiniBand ? ib : other)++;
+  }
+  return ib > 0 && other == 0;
+}
+
 void CheckName(const LintContext& ctx, const Setting& s) {
   const NcclVersion& v = ctx.options.nccl_version;
   if (!absl::StartsWith(s.name, "NCCL_")) {
@@ -175,6 +186,15 @@ void CheckName(const LintContext& ctx, const Setting& s) {
             "keep it only with a reason written next to it");
   }
   topology_internal::CheckValue(ctx, s, *var);
+  if (s.name == "NCCL_IB_GID_INDEX" && v >= NcclVersion{2, 21, 0} &&
+      ctx.IntOr("NCCL_IB_GID_INDEX", -1) >= 0 && !PureInfiniBand(ctx.options.topology)) {
+    ctx.Add(Severity::kWarning, s, "pinned-gid",
+            absl::StrCat("since NCCL 2.21 NCCL picks the RoCE GID itself (a RoCE v2 GID of "
+                         "NCCL_IB_ADDR_FAMILY, default IPv4); a fixed index takes whatever entry "
+                         "sits there, which differs between nodes and moves when addresses change"),
+            "unset it; steer the choice with NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE or "
+            "NCCL_IB_ROCE_VERSION_NUM if needed");
+  }
 }
 
 // Odd configuration-file lines, as NCCL would read them.

@@ -99,8 +99,11 @@ void RoceGid(const Topology& t, const NcclVersion& v, Builder* b) {
   for (const Nic& n : t.nics) {
     if (n.kind != NicKind::kRoce || !n.active) continue;
     ++ports;
-    for (size_t i = 0; i < n.gid_types.size(); ++i) {
-      if (n.gid_types[i] == "RoCE v2") {
+    // NCCL 2.21's own choice: a RoCE v2 GID holding an IPv4 address
+    // (IPv4-mapped, ::ffff:a.b.c.d), the default NCCL_IB_ADDR_FAMILY.
+    for (size_t i = 0; i < n.gid_types.size() && i < n.gids.size(); ++i) {
+      if (n.gid_types[i] == "RoCE v2" &&
+          n.gids[i].rfind("0000:0000:0000:0000:0000:ffff:", 0) == 0) {
         v2.insert(static_cast<int>(i));
         break;
       }
@@ -111,7 +114,9 @@ void RoceGid(const Topology& t, const NcclVersion& v, Builder* b) {
            absl::StrCat("NCCL ", v.ToString(),
                         " uses GID 0 unless told (0 is RoCE v1, not "
                         "routable over IP); index ",
-                        *v2.begin(), " is the first RoCE v2 GID on every RoCE port"));
+                        *v2.begin(),
+                        " is the IPv4 RoCE v2 GID on every RoCE port (the one NCCL "
+                        "2.21+ would pick)"));
   } else if (ports > 0) {
     b->Note(
         "RoCE: could not find one RoCE v2 GID index shared by every port; set "

@@ -187,12 +187,17 @@ void ReadRdmaNics(const fs::path& root, const std::map<std::string, PciDevice>& 
       ReadAttr((port / "link_layer").string(), &layer);
       link_layer = layer;
       nic.gid_types.clear();
+      nic.gids.clear();
       for (int g = 0; g < 256; ++g) {
-        std::string type;
+        std::string type, gid;
         fs::path f = port / "gid_attrs/types" / std::to_string(g);
         if (!fs::exists(f, ec)) break;
+        // Unused entries fail to read (EINVAL) or hold the zero GID.
         if (!ReadAttr(f.string(), &type)) type.clear();
+        ReadAttr((port / "gids" / std::to_string(g)).string(), &gid);
+        if (gid == "0000:0000:0000:0000:0000:0000:0000:0000") type.clear();
         nic.gid_types.push_back(type);
+        nic.gids.push_back(gid);
       }
       chosen = true;
       if (active) break;

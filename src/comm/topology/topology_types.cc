@@ -90,16 +90,18 @@ std::string RenderMatrix(const Topology& t) {
     return out;
   }
   size_t width = 5;
+  for (int i = 0; i < n; ++i) width = std::max(width, t.DeviceLabel(i).size() + 1);
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) width = std::max(width, LinkSymbol(t.link(i, j)).size() + 1);
   }
-  absl::StrAppend(&out, absl::StrFormat("%-6s", ""));
+  const int label_width = static_cast<int>(width);
+  absl::StrAppend(&out, absl::StrFormat("%-*s", label_width, ""));
   for (int j = 0; j < n; ++j) {
     absl::StrAppend(&out, absl::StrFormat("%-*s", static_cast<int>(width), t.DeviceLabel(j)));
   }
   absl::StrAppend(&out, "NUMA\n");
   for (int i = 0; i < n; ++i) {
-    absl::StrAppend(&out, absl::StrFormat("%-6s", t.DeviceLabel(i)));
+    absl::StrAppend(&out, absl::StrFormat("%-*s", label_width, t.DeviceLabel(i)));
     for (int j = 0; j < n; ++j) {
       absl::StrAppend(&out,
                       absl::StrFormat("%-*s", static_cast<int>(width), LinkSymbol(t.link(i, j))));
