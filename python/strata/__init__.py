@@ -18,6 +18,7 @@ from .errors import (
     RankFailure,
     TopologyError,
 )
+from . import topology  # noqa: E402  (needs _strata loaded)
 
 __version__ = build_info()["version"]
 
@@ -27,6 +28,7 @@ __all__ = [
     "build_info",
     "launch_env",
     "errors",
+    "topology",
     "Error",
     "InvalidArgument",
     "LaunchError",
