@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "strata/comm/nccl_lint.h"
 #include "strata/comm/topology_report.h"
 
 namespace {
@@ -33,7 +35,37 @@ constexpr char kUsage[] =
     "  --nccl-version X.Y.Z     lint for this NCCL (default: the loaded libnccl.so.2)\n"
     "  --scope auto|single-node|multi-node   job scope for the class (default auto)\n"
     "  --no-conf-files          ignore NCCL_CONF_FILE, ~/.nccl.conf and /etc/nccl.conf\n"
+    "  --list-variables         print strata's table of NCCL variables (Markdown) and exit\n"
     "Exit status: 0, 1 when the lint reports errors, 2 for bad arguments or input.\n";
+
+std::string Version(int code) {
+  return code == 0 ? "" : strata::NcclVersion::FromCode(code).ToString();
+}
+
+// The variable table as Markdown (docs/nccl-variables.md is this output).
+std::string VariablesMarkdown() {
+  std::string out =
+      "| variable | type | valid | default | since | removed | deprecated | debug | what it does "
+      "| source |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  const char* types[] = {"int", "bool", "enum", "level", "list", "string"};
+  for (const strata::NcclVarInfo& v : strata::NcclVariables()) {
+    std::string valid = v.min <= v.max ? (v.max == INT64_MAX ? absl::StrCat(">= ", v.min)
+                                                             : absl::StrCat(v.min, "..", v.max))
+                                       : std::string(v.values);
+    std::string dep = v.deprecated
+                          ? absl::StrCat(Version(v.deprecated), " -> ", v.replacement)
+                          : (*v.replacement && v.removed ? absl::StrCat("-> ", v.replacement) : "");
+    std::string what =
+        absl::StrCat(v.description, *v.out_of_range ? ". Out of range: " : "", v.out_of_range);
+    absl::StrAppend(&out, "| ", v.name, " | ", types[static_cast<int>(v.type)], " | ",
+                    absl::StrReplaceAll(valid, {{"|", ", "}}), " | ", v.default_value, " | ",
+                    v.introduced == 20305 ? "<= 2.3.5" : Version(v.introduced), " | ",
+                    Version(v.removed), " | ", dep, " | ", v.debug_only ? "yes" : "", " | ",
+                    absl::StrReplaceAll(what, {{"|", "/"}}), " | ",
+                    absl::StrReplaceAll(v.source, {{"|", "/"}}), " |\n");
+  }
+  return out;
+}
 
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "strata-topo: %s\n%s", problem.c_str(), kUsage);
@@ -62,6 +94,9 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--no-nvml") {
       options.detect.use_nvml = false;
+    } else if (arg == "--list-variables") {
+      std::fputs(VariablesMarkdown().c_str(), stdout);
+      return 0;
     } else if (arg == "--no-conf-files") {
       options.read_conf_files = false;
     } else if (arg == "--from-nvidia-smi") {
