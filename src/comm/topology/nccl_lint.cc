@@ -30,8 +30,13 @@ void LintContext::Add(Severity severity, const Setting& s, std::string rule, std
   out->push_back(std::move(f));
 }
 
+const Setting* LintContext::Find(absl::string_view name) const {
+  auto it = index.find(std::string(name));
+  return it == index.end() ? nullptr : it->second;
+}
+
 int64_t LintContext::IntOr(const char* name, int64_t fallback) const {
-  const Setting* s = settings.Find(name);
+  const Setting* s = Find(name);
   if (s == nullptr) return fallback;
   NcclIntParse p = ParseLikeStrtoll(s->value);
   return p.digits && !p.overflow ? p.value : fallback;
@@ -123,7 +128,11 @@ void CheckName(const LintContext& ctx, const Setting& s) {
     if (auto myth = Myths().find(s.name); myth != Myths().end()) {
       fix = myth->second;
     } else {
-      std::vector<std::string> close = SuggestNcclVariables(s.name, 3);
+      std::vector<std::string> close;
+      if (ctx.suggestions_left > 0) {
+        --ctx.suggestions_left;
+        close = SuggestNcclVariables(s.name, 3);
+      }
       fix = close.empty() ? "remove it"
                           : absl::StrCat("did you mean ", absl::StrJoin(close, ", "), "?");
     }
@@ -154,7 +163,7 @@ void CheckName(const LintContext& ctx, const Setting& s) {
   }
   if (var->deprecated != 0 && v.code() >= var->deprecated) {
     std::string alias_note;
-    if (absl::EndsWith(s.name, "_NRINGS") && ctx.settings.Find(var->replacement) != nullptr) {
+    if (absl::EndsWith(s.name, "_NRINGS") && ctx.Find(var->replacement) != nullptr) {
       alias_note = absl::StrCat("; it is ignored because ", var->replacement, " is also set");
     }
     ctx.Add(Severity::kWarning, s, "deprecated",
@@ -263,9 +272,14 @@ void CheckConfNotes(const LintContext& ctx) {
 
 void CheckSources(const LintContext& ctx) {
   const EffectiveSettings& es = ctx.settings;
+  std::map<std::string, const Setting*> winners;
+  for (const Setting& s : es.settings) {
+    if (s.effective) winners.emplace(s.name, &s);
+  }
   for (const Setting& s : es.settings) {
     if (s.effective) continue;
-    const Setting* winner = es.Find(s.name);
+    auto w = winners.find(s.name);
+    const Setting* winner = w == winners.end() ? nullptr : w->second;
     if (winner == nullptr || winner->origin == s.origin) continue;
     ctx.Add(Severity::kInfo, s, "shadowed",
             absl::StrCat("not used: ", winner->origin, " sets ", s.name, "=", winner->value,
@@ -282,7 +296,7 @@ void CheckSources(const LintContext& ctx) {
     }
   }
   for (const auto& [path, state] : es.files) {
-    const Setting* conf = es.Find("NCCL_CONF_FILE");
+    const Setting* conf = ctx.Find("NCCL_CONF_FILE");
     if (conf != nullptr && path == conf->value && state != "read") {
       ctx.Add(Severity::kWarning, *conf, "conf-file-missing",
               absl::StrCat("NCCL_CONF_FILE names ", path, " (", state,
@@ -306,7 +320,7 @@ void CheckTopology(const LintContext& ctx) {
     if (n.kind != NicKind::kEthernet) rdma.push_back(&n);
   }
   const NcclVersion& v = ctx.options.nccl_version;
-  if (const Setting* s = es.Find("NCCL_IB_DISABLE");
+  if (const Setting* s = ctx.Find("NCCL_IB_DISABLE");
       s && IsTrue(ctx, "NCCL_IB_DISABLE") && ib + roce > 0) {
     ctx.Add(Severity::kError, *s, "ib-disabled",
             absl::StrCat("disables InfiniBand/RoCE on a machine with ", ib + roce,
@@ -314,19 +328,19 @@ void CheckTopology(const LintContext& ctx) {
                          "order of magnitude slower"),
             "unset it");
   }
-  if (const Setting* s = es.Find("NCCL_NET");
+  if (const Setting* s = ctx.Find("NCCL_NET");
       s && absl::EqualsIgnoreCase(s->value, "Socket") && ib + roce > 0) {
     ctx.Add(Severity::kWarning, *s, "socket-on-rdma",
             absl::StrCat("forces TCP sockets although ", ib + roce, " RDMA port(s) are active"),
             "unset it, or use IB");
   }
-  if (const Setting* s = es.Find("NCCL_NET");
+  if (const Setting* s = ctx.Find("NCCL_NET");
       s && absl::EqualsIgnoreCase(s->value, "IB") && rdma.empty()) {
     ctx.Add(Severity::kError, *s, "no-rdma",
             "forces the IB transport but no active RDMA device is present: initialization fails",
             "unset it on this machine");
   }
-  if (const Setting* s = es.Find("NCCL_P2P_DISABLE"); s && ctx.IntOr("NCCL_P2P_DISABLE", 0) == 1) {
+  if (const Setting* s = ctx.Find("NCCL_P2P_DISABLE"); s && ctx.IntOr("NCCL_P2P_DISABLE", 0) == 1) {
     int nv = 0;
     for (size_t i = 0; i < t->gpus.size(); ++i) {
       for (size_t j = 0; j < t->gpus.size(); ++j) nv += t->link(i, j).type == PathType::kNvLink;
@@ -342,7 +356,7 @@ void CheckTopology(const LintContext& ctx) {
   if (ib > 0 && roce == 0) {
     for (const char* name : {"NCCL_IB_GID_INDEX", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY",
                              "NCCL_IB_ADDR_RANGE"}) {
-      const Setting* s = es.Find(name);
+      const Setting* s = ctx.Find(name);
       if (s == nullptr) continue;
       bool ignored = std::string(name) != "NCCL_IB_GID_INDEX" || v >= NcclVersion{2, 22, 0};
       ctx.Add(Severity::kWarning, *s, "roce-only",
@@ -359,7 +373,7 @@ void CheckTopology(const LintContext& ctx) {
       }
     }
   }
-  if (const Setting* s = es.Find("NCCL_IB_GID_INDEX"); s && roce > 0) {
+  if (const Setting* s = ctx.Find("NCCL_IB_GID_INDEX"); s && roce > 0) {
     int64_t idx = ctx.IntOr("NCCL_IB_GID_INDEX", -1);
     for (const Nic* n : rdma) {
       if (n->kind != NicKind::kRoce || n->gid_types.empty() || idx < 0) continue;
@@ -379,7 +393,7 @@ void CheckTopology(const LintContext& ctx) {
     }
   }
   // IB_HCA entries must name devices that exist; a prefix matches more.
-  if (const Setting* s = es.Find("NCCL_IB_HCA"); s && !rdma.empty()) {
+  if (const Setting* s = ctx.Find("NCCL_IB_HCA"); s && !rdma.empty()) {
     absl::string_view list = s->value;
     bool exclude = absl::ConsumePrefix(&list, "^");
     bool exact = absl::ConsumePrefix(&list, "=");
@@ -404,7 +418,7 @@ void CheckTopology(const LintContext& ctx) {
       }
     }
   }
-  if (const Setting* s = es.Find("NCCL_SOCKET_IFNAME")) {
+  if (const Setting* s = ctx.Find("NCCL_SOCKET_IFNAME")) {
     absl::string_view list = s->value;
     bool exclude = absl::ConsumePrefix(&list, "^");
     bool exact = absl::ConsumePrefix(&list, "=");
@@ -425,7 +439,7 @@ void CheckTopology(const LintContext& ctx) {
     }
   }
   if (efa > 0) {
-    if (const Setting* s = es.Find("NCCL_PROTO")) {
+    if (const Setting* s = ctx.Find("NCCL_PROTO")) {
       ctx.Add(Severity::kInfo, *s, "efa-proto",
               "older AWS guides set NCCL_PROTO=simple for EFA; current aws-ofi-nccl releases do "
               "not need it",
@@ -465,6 +479,9 @@ LintReport LintNcclSettings(const EffectiveSettings& settings, const LintOptions
   LintReport report;
   report.nccl_version = options.nccl_version;
   LintContext ctx{settings, options, &report.findings};
+  for (const Setting& s : settings.settings) {
+    if (s.effective) ctx.index.emplace(s.name, &s);
+  }
   // Lines whose name NCCL mangles are reported once, by CheckConfNotes.
   std::set<std::string> mangled;
   for (const ConfLineNote& n : settings.notes) {

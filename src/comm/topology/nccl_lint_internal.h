@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,13 @@ struct LintContext {
   const EffectiveSettings& settings;
   const LintOptions& options;
   std::vector<Finding>* out;
+  // Near-miss suggestions cost a pass over the table each; a file with
+  // thousands of unknown names gets them for the first few only.
+  mutable int suggestions_left = 64;
+  // The effective setting of each name (EffectiveSettings::Find is linear).
+  std::map<std::string, const Setting*> index;
+
+  const Setting* Find(absl::string_view name) const;
 
   void Add(Severity severity, const Setting& s, std::string rule, std::string message,
            std::string fix) const;
