@@ -89,6 +89,10 @@ def test_lint_files_and_errors(tmp_path):
         strata.topology.detect(nvidia_smi=bad)
     with pytest.raises(strata.TopologyError, match="does not exist"):
         strata.topology.detect(tmp_path / "nosys", use_nvml=False)
+    with pytest.raises(strata.TopologyError, match="scope 'cluster'"):
+        strata.topology.detect(scope="cluster")
+    with pytest.raises(strata.TopologyError, match="format 'yaml'"):
+        strata._strata._topology_report({}, "yaml")
 
 
 def test_this_machine():
@@ -124,3 +128,19 @@ def test_cli_json_exit_codes_and_export(tmp_path):
     export = subprocess.run(base + ["--sysfs-root", fixture("dgx_h100", "sys"), "--export", "conf"],
                             capture_output=True, text=True)
     assert export.returncode == 0 and "NCCL_IB_HCA==mlx5_0" in export.stdout
+    for args, message in ((["--frobnicate"], "unknown option '--frobnicate'"),
+                          (["--scope", "cluster"], "--scope 'cluster'"),
+                          (["--nccl-version", "latest"], "'latest'"),
+                          (["--from-xml", "a.xml", "--from-nvidia-smi", "b.txt"], "alternatives"),
+                          (["--lint"], "--lint needs a file")):
+        r = subprocess.run(base + args, capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.skipif(not CLI, reason="STRATA_TOPO_BIN not set (run through ctest)")
+def test_variable_doc_is_generated_from_the_table():
+    table = subprocess.run([CLI, "--list-variables"], capture_output=True, text=True, check=True)
+    with open(os.path.join(HERE, "..", "..", "docs", "nccl-variables.md")) as f:
+        doc = f.read()
+    assert doc.endswith(table.stdout), "regenerate docs/nccl-variables.md (see its header)"
+

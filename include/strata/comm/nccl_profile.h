@@ -23,6 +23,10 @@
 // communicator: the first call in a process detects the topology, sets the
 // profile's environment variables (unless the user opted out) and logs what
 // it set and why; every call returns the config fields for that communicator.
+//
+// Thread-safety: Classify, MakeNcclProfile and the exports are pure.
+// PrepareNcclCommunicator is serialized by a process-wide mutex; its first
+// call sets environment variables (see its comment).
 #pragma once
 
 #include <functional>

@@ -16,6 +16,9 @@
 // "profile_notes", "lint": [{"name", "value", "severity", "message", "fix",
 // "rule", "origin"}], "summary": {"errors", "warnings", "info"},
 // "files": [{"path", "state"}]}.
+//
+// Thread-safety: BuildTopoReport reads files and the environment (and may
+// load NVML and libnccl); safe to call concurrently. Reports are plain values.
 #pragma once
 
 #include <map>

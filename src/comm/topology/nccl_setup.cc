@@ -34,8 +34,16 @@ ProcessSetup& Process() {
   return *setup;
 }
 
-bool OptedOut(const NcclCommSetupOptions& options) {
+// STRATA_NCCL_PROFILE: unset or 1 applies the profile, 0 opts out; anything
+// else is rejected rather than guessed.
+absl::StatusOr<bool> OptedOut(const NcclCommSetupOptions& options) {
   const char* env = std::getenv("STRATA_NCCL_PROFILE");
+  if (env != nullptr && std::string(env) != "0" && std::string(env) != "1") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STRATA_NCCL_PROFILE='", env,
+                     "' is not 0 (leave NCCL's settings alone) or 1 (apply "
+                     "strata's NCCL profile)"));
+  }
   return !options.apply_profile || (env != nullptr && std::string(env) == "0");
 }
 
@@ -64,7 +72,7 @@ absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions
   ProcessSetup& proc = Process();
   absl::MutexLock lock(&proc.mu);
   NcclCommSetup out;
-  const bool opted_out = OptedOut(options);
+  STRATA_ASSIGN_OR_RETURN(const bool opted_out, OptedOut(options));
   if (!proc.done) {
     NcclVersion version = NewestKnownNcclVersion();
     std::string version_source = "newest version strata knows; no libnccl found";

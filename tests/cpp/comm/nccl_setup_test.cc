@@ -77,6 +77,14 @@ TEST_F(NcclSetup, OptOut) {
   EXPECT_THAT(log_, Contains(HasSubstr("profile disabled")));
 }
 
+TEST_F(NcclSetup, AMalformedOptOutIsRejected) {
+  setenv("STRATA_NCCL_PROFILE", "no", 1);
+  absl::StatusOr<NcclCommSetup> s = PrepareNcclCommunicator(Options("dgx_h100", "world"));
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status()));
+  EXPECT_THAT(s.status().message(), HasSubstr("STRATA_NCCL_PROFILE='no' is not 0"));
+  EXPECT_EQ(std::getenv("NCCL_IB_HCA"), nullptr);
+}
+
 TEST_F(NcclSetup, DetectionFailureIsReturned) {
   NcclCommSetupOptions o = Options("no_such_machine", "world");
   absl::StatusOr<NcclCommSetup> s = PrepareNcclCommunicator(o);
