@@ -315,6 +315,47 @@ absl::Status MergeNvidiaSmi(const std::string& text, Topology* t) {
   return absl::OkStatus();
 }
 
+// NVML's names and NVLinks for the GPUs sysfs found (matched by bus id).
+void MergeNvml(const topology_internal::NvmlView& nvml, Topology* t) {
+  absl::StrAppend(&t->source, " + NVML");
+  t->nvlink_known = true;
+  t->nvswitches = std::max(t->nvswitches, nvml.nvswitches);
+  std::vector<int> at(nvml.gpus.size(), -1);  // NVML index -> our GPU index
+  for (size_t a = 0; a < nvml.gpus.size(); ++a) {
+    for (Gpu& g : t->gpus) {
+      if (g.pci_bus_id == nvml.gpus[a].pci_bus_id) {
+        g.name = nvml.gpus[a].name;
+        at[a] = g.index;
+      }
+    }
+  }
+  for (size_t a = 0; a < nvml.gpus.size(); ++a) {
+    for (size_t b = 0; b < nvml.gpus.size(); ++b) {
+      const Link& l = nvml.gpu_links[a][b];
+      if (at[a] >= 0 && at[b] >= 0 && l.type == PathType::kNvLink) t->links[at[a]][at[b]] = l;
+    }
+  }
+}
+
+// sysfs shows no GPU but NVML does (a container without the PCI tree): take
+// NVML's GPUs and links; GPU-NIC paths stay unknown.
+void AdoptNvmlGpus(const topology_internal::NvmlView& nvml, Topology* t) {
+  const size_t g = nvml.gpus.size(), n = t->nics.size();
+  std::vector<std::vector<Link>> links(g + n, std::vector<Link>(g + n));
+  for (size_t i = 0; i < g; ++i) {
+    for (size_t j = 0; j < g; ++j) links[i][j] = nvml.gpu_links[i][j];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) links[g + i][g + j] = t->links[i][j];
+  }
+  t->gpus = nvml.gpus;
+  t->links = std::move(links);
+  t->nvlink_known = true;
+  t->nvswitches = std::max(t->nvswitches, nvml.nvswitches);
+  absl::StrAppend(&t->source, " + NVML");
+  t->notes.push_back("GPUs from NVML only: sysfs shows no NVIDIA PCI device (a container?)");
+}
+
 }  // namespace
 
 absl::StatusOr<Topology> DetectTopology(const DetectOptions& options) {
@@ -365,29 +406,14 @@ absl::StatusOr<Topology> DetectTopology(const DetectOptions& options) {
     }
   }
 
-  if (options.use_nvml && !t.gpus.empty()) {
+  if (options.use_nvml) {
     absl::StatusOr<topology_internal::NvmlView> nvml =
         topology_internal::ReadNvml(options.nvml_library);
-    if (nvml.ok()) {
-      absl::StrAppend(&t.source, " + NVML");
-      t.nvlink_known = true;
-      t.nvswitches = std::max(t.nvswitches, nvml->nvswitches);
-      for (size_t a = 0; a < nvml->gpus.size(); ++a) {
-        auto ia = std::find_if(t.gpus.begin(), t.gpus.end(), [&](const Gpu& g) {
-          return g.pci_bus_id == nvml->gpus[a].pci_bus_id;
-        });
-        if (ia == t.gpus.end()) continue;
-        ia->name = nvml->gpus[a].name;
-        for (size_t b = 0; b < nvml->gpus.size(); ++b) {
-          auto ib = std::find_if(t.gpus.begin(), t.gpus.end(), [&](const Gpu& g) {
-            return g.pci_bus_id == nvml->gpus[b].pci_bus_id;
-          });
-          if (ib == t.gpus.end()) continue;
-          const Link& l = nvml->gpu_links[a][b];
-          if (l.type == PathType::kNvLink) t.links[ia->index][ib->index] = l;
-        }
-      }
-    } else {
+    if (nvml.ok() && t.gpus.empty() && !nvml->gpus.empty()) {
+      AdoptNvmlGpus(*nvml, &t);
+    } else if (nvml.ok()) {
+      MergeNvml(*nvml, &t);
+    } else if (!t.gpus.empty()) {
       t.notes.push_back(absl::StrCat(nvml.status().message(), "; GPU names and NVLink unknown"));
     }
   }
