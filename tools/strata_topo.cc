@@ -27,8 +27,9 @@ constexpr char kUsage[] =
     "  --json                   print the report as JSON\n"
     "  --from-nvidia-smi FILE   read the topology from `nvidia-smi topo -m` output\n"
     "  --from-xml FILE          read the topology from an NCCL topology XML file\n"
-    "  --sysfs-root DIR         read sysfs below DIR instead of /sys (with --from-nvidia-smi:\n"
-    "                           PCIe and NICs from DIR, GPU links from the text)\n"
+    "  --sysfs-root DIR         read sysfs below DIR instead of /sys, without NVML (with\n"
+    "                           --from-nvidia-smi: PCIe and NICs from DIR, GPU links\n"
+    "                           from the text)\n"
     "  --no-nvml                do not load NVML (libnvidia-ml.so.1)\n"
     "  --lint FILE              also lint FILE (export lines or nccl.conf); repeatable\n"
     "  --export env|conf        print only the profile, as export lines or an nccl.conf\n"
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--sysfs-root") {
       if (!value(&options.detect.sysfs_root)) return Usage("--sysfs-root needs a directory");
       sysfs_given = true;
+      options.detect.use_nvml = false;  // NVML describes this machine, not the tree
     } else if (arg == "--lint") {
       if (!value(&v)) return Usage("--lint needs a file");
       options.lint_files.push_back(v);

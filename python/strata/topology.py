@@ -115,7 +115,7 @@ def _options(sysfs_root, nvidia_smi, xml, use_nvml, scope, nccl_version, env, fi
     return o
 
 
-def detect(sysfs_root=None, *, nvidia_smi=None, xml=None, use_nvml: bool = True,
+def detect(sysfs_root=None, *, nvidia_smi=None, xml=None, use_nvml: Optional[bool] = None,
            scope: str = "auto", nccl_version: Optional[str] = None,
            env: Optional[Dict[str, str]] = None, files: Iterable[str] = (),
            read_conf_files: bool = True) -> TopologyReport:
@@ -139,7 +139,7 @@ def detect(sysfs_root=None, *, nvidia_smi=None, xml=None, use_nvml: bool = True,
 
 def lint(env: Optional[Dict[str, str]] = None, *, files: Iterable[str] = (),
          nccl_version: Optional[str] = None, read_conf_files: Optional[bool] = None,
-         sysfs_root=None, use_nvml: bool = True, home_dir=None,
+         sysfs_root=None, use_nvml: Optional[bool] = None, home_dir=None,
          system_conf=None) -> List[Finding]:
     """Lints NCCL settings: ``env`` (default ``os.environ``), the ``files``
     (export lines or nccl.conf) and NCCL's own files (NCCL_CONF_FILE or
@@ -149,6 +149,8 @@ def lint(env: Optional[Dict[str, str]] = None, *, files: Iterable[str] = (),
     """
     if read_conf_files is None:
         read_conf_files = env is None
+    if use_nvml is None:
+        use_nvml = sysfs_root is None
     o = _options(sysfs_root, None, None, use_nvml, "auto", nccl_version, env, files,
                  read_conf_files, home_dir, system_conf)
     data = json.loads(_strata._topology_report(o, "json"))
