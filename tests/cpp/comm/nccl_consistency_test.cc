@@ -5,12 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
 #include "strata/comm/nccl_lint.h"
 
 namespace strata {
@@ -21,20 +22,16 @@ using ::testing::HasSubstr;
 using Bytes = std::vector<uint8_t>;
 
 // Rendezvous of N threads: each call blocks until all ranks have called,
-// then every rank gets its slice of `combine(inputs)`.
+// then every rank gets its slice of `combine(inputs)`. std::mutex, not
+// absl::Mutex: Debian's shared abseil is not built for ThreadSanitizer, so
+// TSan (label "threads") cannot see absl::Mutex's ordering.
 class Hub {
-  struct Moved {
-    const int64_t* generation;
-    int64_t seen;
-    bool Done() const { return *generation != seen; }
-  };
-
  public:
   explicit Hub(int n) : n_(n) {}
 
   Bytes Exchange(int rank, Bytes in,
                  const std::function<std::vector<Bytes>(const std::vector<Bytes>&)>& combine) {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     const int64_t gen = generation_;
     inputs_.resize(n_);
     inputs_[rank] = std::move(in);
@@ -44,9 +41,9 @@ class Hub {
       arrived_ = 0;
       ++generation_;
       ++collectives_;
+      cv_.notify_all();
     } else {
-      Moved moved{&generation_, gen};
-      mu_.Await(absl::Condition(&moved, &Moved::Done));
+      cv_.wait(lock, [&] { return generation_ != gen; });
     }
     Bytes out = results_[gen][rank];
     if (++taken_[gen] == n_) {
@@ -56,16 +53,17 @@ class Hub {
     return out;
   }
   int collectives() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return collectives_;
   }
   size_t bytes_sent() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return bytes_sent_;
   }
 
  private:
-  absl::Mutex mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   const int n_;
   int arrived_ = 0;
   int64_t generation_ = 0;
