@@ -98,11 +98,7 @@ absl::StatusOr<Agreement> Agree(Communicator* comm, bool ok, absl::Time deadline
 }
 
 absl::Status PrepareStepDirectory(const std::string& root, int64_t step) {
-  if (!IsDirectory(root)) {
-    // Create the root (one level; its parent must exist).
-    absl::Status s = MakeDirectory(root);
-    if (!s.ok() && !IsDirectory(root)) return s;
-  }
+  STRATA_RETURN_IF_ERROR(MakeDirectories(root));
   const std::string final_dir = JoinPath(root, StepDirectoryName(step));
   if (PathExists(final_dir)) {
     return absl::AlreadyExistsError(

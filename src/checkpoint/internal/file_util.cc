@@ -128,6 +128,18 @@ absl::Status MakeDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status MakeDirectories(const std::string& path) {
+  if (path.empty() || IsDirectory(path)) return absl::OkStatus();
+  const size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    STRATA_RETURN_IF_ERROR(MakeDirectories(path.substr(0, slash)));
+  }
+  if (::mkdir(path.c_str(), 0755) != 0 && !(errno == EEXIST && IsDirectory(path))) {
+    return ErrnoError(errno, "cannot create directory", path);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SyncDirectory(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open directory", path);

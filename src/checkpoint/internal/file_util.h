@@ -64,6 +64,8 @@ absl::Status ErrnoError(int err, absl::string_view what, absl::string_view path)
 bool PathExists(const std::string& path);
 bool IsDirectory(const std::string& path);
 absl::Status MakeDirectory(const std::string& path);
+// mkdir -p: creates `path` and missing parents; an existing directory is fine.
+absl::Status MakeDirectories(const std::string& path);
 // Flushes a directory's entries (new, renamed or removed names) to disk.
 absl::Status SyncDirectory(const std::string& path);
 absl::Status RenamePath(const std::string& from, const std::string& to);

@@ -336,6 +336,25 @@ TEST(CheckpointTest, StaleTemporaryDirectoriesAreCleanedUp) {
               ::testing::ElementsAre("manifest.json", "rank00000-000.safetensors"));
 }
 
+TEST(CheckpointTest, CreatesMissingParentDirectories) {
+  ScratchDir dir;
+  CheckpointOptions o;
+  o.directory = dir / "a/b/run";
+  auto ckpt = MakeCheckpointer(o);
+  std::vector<Owned> t = {MakeTensor("w", DataType::kInt8, {3}, 5)};
+  ASSERT_TRUE(ckpt->Save(Request(1, t)).ok());
+  ASSERT_TRUE(ckpt->Wait(Soon()).ok());
+  ExpectLoads(o.directory, 1, t);
+  // A root that cannot be created fails the save, in the background.
+  testing_util::WriteAll(dir / "file", "x");
+  o.directory = dir / "file/run";
+  auto bad = MakeCheckpointer(o);
+  ASSERT_TRUE(bad->Save(Request(1, t)).ok());
+  absl::Status s = bad->Wait(Soon());
+  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("cannot create directory"));
+}
+
 TEST(CheckpointTest, StagingMemoryIsReusedAcrossSaves) {
   ScratchDir dir;
   CheckpointOptions o;
