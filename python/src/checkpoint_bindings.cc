@@ -5,11 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "registry.h"
 #include "status_map.h"
 #include "strata/checkpoint/checkpointer.h"
@@ -65,8 +65,8 @@ ShardedTensor ToShard(const std::string& key, int dtype, std::vector<int64_t> gl
 // retention problems) wait here until Python collects them: the writer
 // thread never calls into Python.
 struct WarnSink {
-  absl::Mutex mu;
-  std::vector<std::string> messages ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  std::vector<std::string> messages;  // guarded by mu
 };
 
 class PyCheckpointer {
@@ -97,7 +97,7 @@ class PyCheckpointer {
         io_priority, "io_priority", {{"low", IoPriority::kLow}, {"normal", IoPriority::kNormal}});
     std::shared_ptr<WarnSink> sink = sink_;
     o.warn = [sink](const absl::Status& s) {
-      absl::MutexLock l(&sink->mu);
+      std::lock_guard<std::mutex> l(sink->mu);
       sink->messages.emplace_back(s.message());
     };
     if (fail_at) {
@@ -208,7 +208,7 @@ class PyCheckpointer {
   }
 
   std::vector<std::string> TakeWarnings() {
-    absl::MutexLock l(&sink_->mu);
+    std::lock_guard<std::mutex> l(sink_->mu);
     std::vector<std::string> out;
     out.swap(sink_->messages);
     return out;

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "checkpoint/internal/commit.h"
 #include "checkpoint/internal/file_util.h"
 #include "checkpoint/internal/manifest_internal.h"
@@ -87,9 +89,10 @@ class Checkpointer::Impl {
       // and wait for the writer to notice, bounded by one write or one
       // agreement deadline.
       cancel_.store(true);
-      absl::MutexLock l(&mu_);
-      mu_.Await(absl::Condition(this, &Impl::Idle));
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [this] { return Idle(); });
       stop_ = true;
+      cv_.notify_all();
     }
     if (writer_.joinable()) writer_.join();
   }
@@ -103,7 +106,7 @@ class Checkpointer::Impl {
       if (!to_warn.ok()) opts_.warn(to_warn);
     });
     {
-      absl::MutexLock l(&mu_);
+      std::unique_lock<std::mutex> l(mu_);
       if (closed_) return absl::FailedPreconditionError(Closed());
       STRATA_RETURN_IF_ERROR(ReportPendingLocked(&to_warn));
       if (!comm_failure_.ok()) {
@@ -118,7 +121,7 @@ class Checkpointer::Impl {
               absl::StrCat("save of step ", request.step, " refused: the save of step ",
                            step_in_flight_, " is still in flight (on_busy = refuse)"));
         }
-        if (!mu_.AwaitWithTimeout(absl::Condition(this, &Impl::IdleOrClosed), opts_.busy_timeout)) {
+        if (!WaitUntil(l, absl::Now() + opts_.busy_timeout, [this] { return IdleOrClosed(); })) {
           return absl::DeadlineExceededError(
               absl::StrCat("save of step ", request.step, ": the save of step ", step_in_flight_,
                            " was still in flight after busy_timeout ",
@@ -134,7 +137,8 @@ class Checkpointer::Impl {
     // The staging buffer is ours: no write from it is in flight.
     auto plan = std::make_unique<checkpoint_internal::SavePlan>();
     absl::Status st = Stage(request, plan.get());
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
+    cv_.notify_all();
     if (!st.ok()) {
       in_flight_ = false;
       state_ = SaveStatus::State::kIdle;
@@ -150,8 +154,8 @@ class Checkpointer::Impl {
   }
 
   absl::Status Wait(absl::Time deadline) {
-    absl::MutexLock l(&mu_);
-    if (!mu_.AwaitWithDeadline(absl::Condition(this, &Impl::Idle), deadline)) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!WaitUntil(l, deadline, [this] { return Idle(); })) {
       return absl::DeadlineExceededError(absl::StrCat("the save of step ", step_in_flight_, " to '",
                                                       opts_.directory,
                                                       "' is still in flight at the deadline"));
@@ -162,7 +166,7 @@ class Checkpointer::Impl {
   }
 
   SaveStatus status() const {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     SaveStatus s;
     s.state = state_;
     s.step_in_flight = step_in_flight_;
@@ -176,25 +180,38 @@ class Checkpointer::Impl {
 
   absl::Status Close(absl::Time deadline) {
     {
-      absl::MutexLock l(&mu_);
-      if (!mu_.AwaitWithDeadline(absl::Condition(this, &Impl::Idle), deadline)) {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!WaitUntil(l, deadline, [this] { return Idle(); })) {
         return absl::DeadlineExceededError(absl::StrCat("cannot close: the save of step ",
                                                         step_in_flight_, " is still in flight"));
       }
       closed_ = true;
       stop_ = true;
+      cv_.notify_all();
     }
     if (writer_.joinable()) writer_.join();
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     absl::Status s = pending_;
     pending_ = absl::OkStatus();
     return s;
   }
 
  private:
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_; }
-  bool IdleOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !in_flight_ || closed_; }
-  bool JobOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return job_ != nullptr || stop_; }
+  // Predicates; called with mu_ held.
+  bool Idle() const { return !in_flight_; }
+  bool IdleOrClosed() const { return !in_flight_ || closed_; }
+  bool JobOrStop() const { return job_ != nullptr || stop_; }
+
+  // Waits on cv_ until `pred` holds (true) or `deadline` passes (false).
+  template <typename Pred>
+  bool WaitUntil(std::unique_lock<std::mutex>& l, absl::Time deadline, Pred pred) {
+    if (deadline == absl::InfiniteFuture()) {
+      cv_.wait(l, pred);
+      return true;
+    }
+    const absl::Duration left = std::max(absl::ZeroDuration(), deadline - absl::Now());
+    return cv_.wait_for(l, absl::ToChronoNanoseconds(left), pred);
+  }
 
   std::string Closed() const {
     return absl::StrCat("the checkpointer for '", opts_.directory, "' is closed");
@@ -202,7 +219,7 @@ class Checkpointer::Impl {
 
   // Reports a failed background save per on_failure: an error return means
   // "do not start this save"; under kWarn the failure goes to *to_warn.
-  absl::Status ReportPendingLocked(absl::Status* to_warn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  absl::Status ReportPendingLocked(absl::Status* to_warn) {
     if (pending_.ok()) return absl::OkStatus();
     absl::Status s = pending_;
     pending_ = absl::OkStatus();
@@ -232,7 +249,7 @@ class Checkpointer::Impl {
     STRATA_RETURN_IF_ERROR_CTX(
         checkpoint_internal::StageRankSave(request, *plan, staging_.data(), threads_),
         "staging step ", request.step);
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     staging_capacity_ = staging_.capacity();
     staging_allocations_ = staging_.allocations();
     return absl::OkStatus();
@@ -243,14 +260,15 @@ class Checkpointer::Impl {
     while (true) {
       std::unique_ptr<checkpoint_internal::SavePlan> job;
       {
-        absl::MutexLock l(&mu_);
-        mu_.Await(absl::Condition(this, &Impl::JobOrStop));
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [this] { return JobOrStop(); });
         if (job_ == nullptr) return;  // stop_ and nothing left to write
         job = std::move(job_);
       }
       SaveStats stats;
       absl::Status st = RunSave(*job, &stats);
-      absl::MutexLock l(&mu_);
+      std::lock_guard<std::mutex> l(mu_);
+      cv_.notify_all();
       last_.write_seconds = stats.write_seconds;
       last_.commit_seconds = stats.commit_seconds;
       last_.bytes_written = stats.bytes_written;
@@ -356,19 +374,23 @@ class Checkpointer::Impl {
   // Set by the writer when an agreement itself failed (deadline, lost peer).
   std::atomic<bool> comm_failed_{false};
 
-  mutable absl::Mutex mu_;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  SaveStatus::State state_ ABSL_GUARDED_BY(mu_) = SaveStatus::State::kIdle;
-  int64_t step_in_flight_ ABSL_GUARDED_BY(mu_) = -1;
-  int64_t last_committed_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Status pending_ ABSL_GUARDED_BY(mu_);
-  absl::Status comm_failure_ ABSL_GUARDED_BY(mu_);
-  SaveStats last_ ABSL_GUARDED_BY(mu_);
-  uint64_t staging_capacity_ ABSL_GUARDED_BY(mu_) = 0;
-  int staging_allocations_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<checkpoint_internal::SavePlan> job_ ABSL_GUARDED_BY(mu_);
+  // std::mutex rather than absl::Mutex: the system abseil is not built with
+  // TSan, which then cannot see its happens-before edges.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // notified whenever the fields below change
+  // Guarded by mu_:
+  bool closed_ = false;
+  bool stop_ = false;
+  bool in_flight_ = false;
+  SaveStatus::State state_ = SaveStatus::State::kIdle;
+  int64_t step_in_flight_ = -1;
+  int64_t last_committed_ = -1;
+  absl::Status pending_;
+  absl::Status comm_failure_;
+  SaveStats last_;
+  uint64_t staging_capacity_ = 0;
+  int staging_allocations_ = 0;
+  std::unique_ptr<checkpoint_internal::SavePlan> job_;
 
   // Used by Save() while staging and by the writer while writing; never at
   // once (in_flight_ hands it over under mu_).

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <thread>
 
-#include "absl/synchronization/notification.h"
 #include "checkpoint/internal/file_util.h"
 #include "checkpoint/internal/staging.h"
 #include "strata/checkpoint/checkpointer.h"
@@ -130,12 +129,12 @@ TEST(CheckpointTest, RoundTripIsExactForEveryDtype) {
 
 TEST(CheckpointTest, SavesTheValuesAtSaveTime) {
   ScratchDir dir;
-  absl::Notification changed;
+  testing_util::Event changed;
   CheckpointOptions o;
   o.directory = dir.path();
   // The writer may not start before the test has changed the tensor.
   o.test_hook = [&](absl::string_view point) {
-    if (point == "prepared") changed.WaitForNotificationWithTimeout(absl::Seconds(60));
+    if (point == "prepared") changed.WaitFor(absl::Seconds(60));
     return absl::OkStatus();
   };
   auto ckpt = MakeCheckpointer(o);
@@ -150,13 +149,13 @@ TEST(CheckpointTest, SavesTheValuesAtSaveTime) {
 
 // Blocks the writer at "prepared" until released.
 struct Gate {
-  absl::Notification entered;
-  absl::Notification release;
+  testing_util::Event entered;
+  testing_util::Event release;
   std::function<absl::Status(absl::string_view)> Hook() {
     return [this](absl::string_view point) {
-      if (point == "prepared" && !release.HasBeenNotified()) {
-        if (!entered.HasBeenNotified()) entered.Notify();
-        release.WaitForNotificationWithTimeout(absl::Seconds(60));
+      if (point == "prepared" && !release.IsSet()) {
+        entered.Notify();
+        release.WaitFor(absl::Seconds(60));
       }
       return absl::OkStatus();
     };
@@ -173,7 +172,7 @@ TEST(CheckpointTest, BusyRefuseRejectsASecondSave) {
   auto ckpt = MakeCheckpointer(o);
   std::vector<Owned> t = {MakeTensor("w", DataType::kInt32, {10}, 1)};
   ASSERT_TRUE(ckpt->Save(Request(1, t)).ok());
-  ASSERT_TRUE(gate.entered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(gate.entered.WaitFor(absl::Seconds(60)));
   EXPECT_EQ(ckpt->status().state, SaveStatus::State::kWriting);
   EXPECT_EQ(ckpt->status().step_in_flight, 1);
   absl::Status s = ckpt->Save(Request(2, t));
@@ -194,7 +193,7 @@ TEST(CheckpointTest, BusyWaitTimesOutThenSucceeds) {
   auto ckpt = MakeCheckpointer(o);
   std::vector<Owned> t = {MakeTensor("w", DataType::kInt32, {10}, 1)};
   ASSERT_TRUE(ckpt->Save(Request(1, t)).ok());
-  ASSERT_TRUE(gate.entered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(gate.entered.WaitFor(absl::Seconds(60)));
   absl::Status s = ckpt->Save(Request(2, t));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(ckpt->Wait(absl::Now()).code(), absl::StatusCode::kDeadlineExceeded);
@@ -214,7 +213,7 @@ TEST(CheckpointTest, BusyWaitBlocksUntilThePreviousSaveCommits) {
   auto ckpt = MakeCheckpointer(o);
   std::vector<Owned> t = {MakeTensor("w", DataType::kInt32, {10}, 1)};
   ASSERT_TRUE(ckpt->Save(Request(1, t)).ok());
-  ASSERT_TRUE(gate.entered.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(gate.entered.WaitFor(absl::Seconds(60)));
   absl::Status second;
   std::thread other([&] { second = ckpt->Save(Request(2, t)); });
   gate.release.Notify();

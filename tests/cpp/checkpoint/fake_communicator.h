@@ -7,13 +7,15 @@
 // Thread-safety: endpoints of one hub may be used from different threads.
 #pragma once
 
+#include <algorithm>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "strata/comm/communicator.h"
 
 namespace strata::testing_util {
@@ -31,21 +33,22 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
   };
 
   void Contribute(int64_t seq, int rank, std::vector<int64_t> v) {
-    absl::MutexLock l(&mu_);
+    std::lock_guard<std::mutex> l(mu_);
     Round& r = rounds_[seq];
     if (r.values.empty()) r.values.resize(static_cast<size_t>(size_));
     r.values[static_cast<size_t>(rank)] = std::move(v);
     ++r.contributed;
+    cv_.notify_all();
   }
 
   // Waits for round `seq` to be complete and reduces it.
   absl::StatusOr<std::vector<int64_t>> Collect(int64_t seq, ReduceOp op, absl::Time deadline,
                                                const std::string& what) {
-    absl::MutexLock l(&mu_);
-    auto complete = [this, seq]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return rounds_[seq].contributed == size_;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&complete), deadline)) {
+    std::unique_lock<std::mutex> l(mu_);
+    auto complete = [this, seq] { return rounds_[seq].contributed == size_; };
+    const absl::Duration left =
+        std::clamp(deadline - absl::Now(), absl::ZeroDuration(), absl::Hours(24));
+    if (!cv_.wait_for(l, absl::ToChronoNanoseconds(left), complete)) {
       return absl::DeadlineExceededError(absl::StrCat(
           what, ": deadline passed with ", rounds_[seq].contributed, " of ", size_, " ranks"));
     }
@@ -72,8 +75,9 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
 
  private:
   const int size_;
-  absl::Mutex mu_;
-  std::map<int64_t, Round> rounds_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, Round> rounds_;  // guarded by mu_
 };
 
 class FakeWork : public Work {

@@ -5,9 +5,11 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -72,5 +74,30 @@ inline void Truncate(const std::string& path, uint64_t size) {
 }
 
 inline absl::Time Soon() { return absl::Now() + absl::Seconds(60); }
+
+// A one-shot event between threads (std::mutex based, so TSan sees it; the
+// system abseil's synchronization is not TSan-instrumented).
+class Event {
+ public:
+  void Notify() {
+    std::lock_guard<std::mutex> l(mu_);
+    set_ = true;
+    cv_.notify_all();
+  }
+  bool IsSet() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return set_;
+  }
+  // True if notified within `timeout`.
+  bool WaitFor(absl::Duration timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, absl::ToChronoNanoseconds(timeout), [this] { return set_; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
 
 }  // namespace strata::testing_util
