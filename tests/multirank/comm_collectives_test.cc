@@ -40,9 +40,9 @@ TEST_F(CollectivesTest, AllReduce) {
           STRATA_ASSERT_OK_AND_ASSIGN(auto work,
                                       world().AllReduce(send.buffer(), out.buffer(), op));
           STRATA_ASSERT_OK(Wait(*work));
-          for (size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(out.Get(i), Reference(size(), i, op, t)) << "element " << i;
-          }
+          EXPECT_TRUE(AllEqual(
+              n, [&](size_t i) { return out.Get(i); },
+              [&](size_t i) { return Reference(size(), i, op, t); }));
         }
       }
     }
@@ -58,7 +58,9 @@ TEST_F(CollectivesTest, Broadcast) {
         for (size_t i = 0; i < n; ++i) buf.Set(i, MoveValue(rank(), i, t));
         STRATA_ASSERT_OK_AND_ASSIGN(auto work, world().Broadcast(buf.buffer(), root));
         STRATA_ASSERT_OK(Wait(*work));
-        for (size_t i = 0; i < n; ++i) ASSERT_EQ(buf.Get(i), MoveValue(root, i, t)) << i;
+        EXPECT_TRUE(AllEqual(
+            n, [&](size_t i) { return buf.Get(i); },
+            [&](size_t i) { return MoveValue(root, i, t); }));
       }
     }
   }
@@ -81,9 +83,9 @@ TEST_F(CollectivesTest, Reduce) {
                                         world().Reduce(send.buffer(), out.buffer(), op, root));
             STRATA_ASSERT_OK(Wait(*work));
             if (rank() != root) continue;
-            for (size_t i = 0; i < n; ++i) {
-              ASSERT_EQ(out.Get(i), Reference(size(), i, op, t)) << "element " << i;
-            }
+            EXPECT_TRUE(AllEqual(
+                n, [&](size_t i) { return out.Get(i); },
+                [&](size_t i) { return Reference(size(), i, op, t); }));
           }
         }
       }
@@ -104,11 +106,9 @@ TEST_F(CollectivesTest, AllGather) {
         for (size_t i = 0; i < n; ++i) src.Set(base + i, MoveValue(rank(), i, t));
         STRATA_ASSERT_OK_AND_ASSIGN(auto work, world().AllGather(in, recv.buffer()));
         STRATA_ASSERT_OK(Wait(*work));
-        for (int r = 0; r < size(); ++r) {
-          for (size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(recv.Get(r * n + i), MoveValue(r, i, t)) << "rank " << r << " element " << i;
-          }
-        }
+        EXPECT_TRUE(AllEqual(
+            n * size(), [&](size_t i) { return recv.Get(i); },
+            [&](size_t i) { return MoveValue(static_cast<int>(i / n), i % n, t); }));
       }
     }
   }
@@ -131,9 +131,9 @@ TEST_F(CollectivesTest, ReduceScatter) {
           STRATA_ASSERT_OK_AND_ASSIGN(auto work, world().ReduceScatter(send.buffer(), out, op));
           STRATA_ASSERT_OK(Wait(*work));
           TypedBuffer& result = in_place ? send : recv;
-          for (size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(result.Get(i), Reference(size(), n * rank() + i, op, t)) << "element " << i;
-          }
+          EXPECT_TRUE(AllEqual(
+              n, [&](size_t i) { return result.Get(i); },
+              [&](size_t i) { return Reference(size(), n * rank() + i, op, t); }));
         }
       }
     }
@@ -155,12 +155,11 @@ TEST_F(CollectivesTest, AllToAll) {
         TypedBuffer& out = in_place ? send : recv;
         STRATA_ASSERT_OK_AND_ASSIGN(auto work, world().AllToAll(send.buffer(), out.buffer()));
         STRATA_ASSERT_OK(Wait(*work));
-        for (int j = 0; j < size(); ++j) {
-          for (size_t i = 0; i < n; ++i) {
-            ASSERT_EQ(out.Get(j * n + i), MoveValue(j * size() + rank(), i, t))
-                << "block " << j << " element " << i;
-          }
-        }
+        EXPECT_TRUE(AllEqual(
+            n * size(), [&](size_t i) { return out.Get(i); },
+            [&](size_t i) {
+              return MoveValue(static_cast<int>(i / n) * size() + rank(), i % n, t);
+            }));
       }
     }
   }
@@ -196,13 +195,13 @@ TEST_F(CollectivesTest, AllToAllV) {
         STRATA_ASSERT_OK_AND_ASSIGN(auto work,
                                     world().AllToAllV(send.buffer(), out.buffer(), counts));
         STRATA_ASSERT_OK(Wait(*work));
-        off = 0;
+        std::vector<double> want;
         for (int j = 0; j < size(); ++j) {
-          for (size_t i = 0; i < count(j, rank()); ++i) {
-            ASSERT_EQ(out.Get(off++), MoveValue(j * size() + rank(), i, t))
-                << "from rank " << j << " element " << i;
-          }
+          for (size_t i = 0; i < count(j, rank()); ++i)
+            want.push_back(MoveValue(j * size() + rank(), i, t));
         }
+        EXPECT_TRUE(AllEqual(
+            want.size(), [&](size_t i) { return out.Get(i); }, [&](size_t i) { return want[i]; }));
       }
     }
   }
@@ -226,10 +225,12 @@ TEST_F(CollectivesTest, SendRecvRingsBothDirections) {
         works.push_back(std::move(s));
       }
       for (auto& w : works) STRATA_ASSERT_OK(Wait(*w));
-      for (size_t i = 0; i < n; ++i) {
-        ASSERT_EQ(from_prev.Get(i), MoveValue(prev, i, t)) << i;
-        ASSERT_EQ(from_next.Get(i), MoveValue(next, i, t)) << i;
-      }
+      EXPECT_TRUE(AllEqual(
+          n, [&](size_t i) { return from_prev.Get(i); },
+          [&](size_t i) { return MoveValue(prev, i, t); }));
+      EXPECT_TRUE(AllEqual(
+          n, [&](size_t i) { return from_next.Get(i); },
+          [&](size_t i) { return MoveValue(next, i, t); }));
     }
   }
 }

@@ -7,6 +7,8 @@
 // results are compared for equality, element by element.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -186,6 +188,20 @@ inline double Reference(int size, size_t i, ReduceOp op, DataType dtype) {
 }
 
 inline bool IsInteger(DataType t) { return !IsFloatingPoint(t); }
+
+// Compares got(i) with want(i) for every i < n and reports the first
+// mismatch. Use with EXPECT_TRUE, not ASSERT: a rank that leaves a test
+// early would stop issuing the collectives the others wait in.
+template <typename Got, typename Want>
+::testing::AssertionResult AllEqual(size_t n, Got got, Want want) {
+  for (size_t i = 0; i < n; ++i) {
+    const double g = got(i), w = want(i);
+    if (g != w) {
+      return ::testing::AssertionFailure() << "element " << i << ": got " << g << ", want " << w;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
 
 // "allreduce fp16 sum n=1023 in-place" for failure messages.
 inline std::string Case(const char* op, DataType t, size_t n, const char* extra = "") {

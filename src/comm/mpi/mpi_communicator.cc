@@ -148,9 +148,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Start(
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
   absl::MutexLock lock(&state_->issue_mu());
-  STRATA_RETURN_IF_ERROR(state_->CheckUsable(what));
-  auto op = std::make_shared<Op>(absl::StrCat(what, " on ", state_->where()), state_,
-                                 absl::Now() + timeout, timeout, engine_->wakeup());
+  const std::string description = absl::StrCat(what, " on ", state_->where());
+  STRATA_RETURN_IF_ERROR(state_->CheckUsable(description));
+  auto op =
+      std::make_shared<Op>(description, state_, absl::Now() + timeout, timeout, engine_->wakeup());
   absl::Status started = start(*op);
   if (!started.ok()) {
     // Calls that did start (earlier chunks) finish in the background.
@@ -388,10 +389,14 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
         s_off += counts.send_counts[i];
         r_off += counts.recv_counts[i];
       }
+      // Open MPI 5.0.11's MPI_Ialltoallv delivers wrong blocks with
+      // MPI_IN_PLACE (seen on 4 ranks; docs/mpi.md), so the in-place form
+      // sends from a staged copy instead.
+      const void* source =
+          in_place ? Stage(o, send.data, Bytes(send.count, send.dtype)) : send.data;
       MPI_Request r;
-      const void* s = in_place ? MPI_IN_PLACE : send.data;
-      int rc = MPI_Ialltoallv(s, sc.data(), sd.data(), type, recv.data, rc_.data(), rd.data(), type,
-                              state_->comm(), &r);
+      int rc = MPI_Ialltoallv(source, sc.data(), sd.data(), type, recv.data, rc_.data(), rd.data(),
+                              type, state_->comm(), &r);
       if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
       o.requests.push_back(r);
       return absl::OkStatus();

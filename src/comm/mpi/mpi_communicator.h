@@ -15,9 +15,11 @@
 //            communicator too, and only the survivors call it: they meet
 //            on the control duplicate (never revoked) with point-to-point
 //            messages bounded by the timeout, then create the new
-//            communicator with MPI_Comm_create_group, which involves only
-//            the survivors. (MPIX_Comm_shrink alone would need every live
-//            rank, including live excluded ones, to take part.)
+//            communicator with MPI_Comm_create_from_group, which involves
+//            only the survivors and no parent communicator. (MPIX_Comm_shrink
+//            would need every live rank, including live excluded ones, to
+//            take part; MPI_Comm_create_group on a parent with a failed
+//            rank fails under ULFM even when that rank is not in the group.)
 //   Abort    local and immediate: pending operations fail with Aborted.
 //
 // Thread-safety: as Communicator (any thread; one order of collectives).
@@ -92,7 +94,8 @@ class MpiCommunicator final : public Communicator {
                                               const std::function<absl::Status(Op&)>& start);
   comm_internal::GroupInfo info() const;
   // Builds the communicator object around freshly created MPI handles.
-  std::unique_ptr<MpiCommunicator> Wrap(MPI_Comm comm, MPI_Comm ctrl, const CommOptions& options);
+  std::unique_ptr<MpiCommunicator> Wrap(MPI_Comm comm, MPI_Comm ctrl, const CommOptions& options,
+                                        std::string uid);
 
   std::shared_ptr<Engine> engine_;
   std::shared_ptr<CommState> state_;

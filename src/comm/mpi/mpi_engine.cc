@@ -42,8 +42,13 @@ std::string Readable(absl::Duration d) {
 
 // ---- CommState --------------------------------------------------------------
 
-CommState::CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank)
-    : comm_(comm), ctrl_(ctrl), name_(std::move(name)), world_rank_(world_rank) {
+CommState::CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank,
+                     std::string uid)
+    : comm_(comm),
+      ctrl_(ctrl),
+      name_(std::move(name)),
+      world_rank_(world_rank),
+      uid_(std::move(uid)) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   where_ = absl::StrCat("group ", name_, " (rank ", rank_, " of ", size_, ", world rank ",
@@ -60,30 +65,26 @@ CommState::~CommState() {
 
 absl::Status CommState::CheckUsable(absl::string_view op) const {
   absl::MutexLock lock(&health_mu_);
+  absl::Status s;
   switch (state_) {
     case State::kHealthy:
       return absl::OkStatus();
     case State::kAborted:
-      return absl::FailedPreconditionError(absl::StrCat(
-          op, " on ", where_, ": the communicator was aborted; shrink it or build a new one"));
-    case State::kRevoked: {
-      absl::Status s =
-          absl::AbortedError(absl::StrCat(op, " on ", where_, ": the communicator was revoked (",
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": the communicator was aborted; shrink it or build a new one"));
+    case State::kRevoked:
+      s = absl::AbortedError(absl::StrCat(op, ": the communicator was revoked (",
                                           failure_.message(), "); shrink it or build a new one"));
-      failure_.ForEachPayload(
-          [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
-      return s;
-    }
-    case State::kFailed: {
-      absl::Status s = absl::FailedPreconditionError(absl::StrCat(
-          op, " on ", where_, ": the communicator failed earlier and cannot be used (",
-          failure_.message(), "); revoke or abort it, then shrink it or build a new one"));
-      failure_.ForEachPayload(
-          [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
-      return s;
-    }
+      break;
+    case State::kFailed:
+      s = absl::FailedPreconditionError(absl::StrCat(
+          op, ": the communicator failed earlier and cannot be used (", failure_.message(),
+          "); revoke or abort it, then shrink it or build a new one"));
+      break;
   }
-  return absl::OkStatus();
+  failure_.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+  return s;
 }
 
 absl::Status CommState::Health() const {
@@ -351,8 +352,15 @@ bool Engine::Pass(const std::vector<std::shared_ptr<Op>>& ops) {
       continue;
     }
     if (!op->mpi_done_) {
-      if (!comm->Health().ok()) {
-        op->Complete(comm->CheckUsable(op->description()));
+      absl::Status health = comm->Health();
+      if (!health.ok()) {
+        absl::Status broke(health.code(), absl::StrCat(op->description(),
+                                                       ": not completed because the communicator "
+                                                       "broke: ",
+                                                       health.message()));
+        health.ForEachPayload(
+            [&](absl::string_view url, const absl::Cord& p) { broke.SetPayload(url, p); });
+        op->Complete(broke);
         retire(op);
         completed = true;
         continue;

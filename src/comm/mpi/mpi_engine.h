@@ -56,7 +56,9 @@ namespace strata::mpi {
 // that uses them is gone).
 class CommState {
  public:
-  CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank);
+  // `uid` identifies the communicator identically on all its members and
+  // differently from every other communicator of the job (see Uid()).
+  CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank, std::string uid);
   ~CommState();  // frees the communicators unless MPI is finalised
   CommState(const CommState&) = delete;
   CommState& operator=(const CommState&) = delete;
@@ -76,12 +78,19 @@ class CommState {
   // Serialises the starting of operations, so that MPI sees them in the
   // order of the engine's queue; held while an operation is started.
   absl::Mutex& issue_mu() { return issue_mu_; }
-  // Counts Shrink calls, for message tags (guarded by issue_mu).
+  // Counts Split and Shrink calls, for message tags and child uids
+  // (guarded by issue_mu).
   int next_shrink_seq() { return shrink_seq_++; }
+  int next_split_seq() { return split_seq_++; }
+  // "r3f9a.../s0c1/k0": the root's random id (from rank 0), then one step
+  // per split (sequence number and color) and shrink (sequence number).
+  // Names the PMIx group when Shrink creates a communicator.
+  const std::string& uid() const { return uid_; }
 
   // OK while usable; otherwise why not, as the status a new operation
   // fails with (FailedPrecondition after Abort or a failure, Aborted after
-  // a revocation), naming `op`.
+  // a revocation). `op` names the operation and the group and starts the
+  // message.
   absl::Status CheckUsable(absl::string_view op) const;
   // OK while healthy; else the error that broke the communicator.
   absl::Status Health() const;
@@ -101,7 +110,9 @@ class CommState {
   int world_rank_ = 0;
   std::string where_;
   absl::Mutex issue_mu_;
+  const std::string uid_;
   int shrink_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
+  int split_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
   mutable absl::Mutex health_mu_;
   State state_ ABSL_GUARDED_BY(health_mu_) = State::kHealthy;
   absl::Status failure_ ABSL_GUARDED_BY(health_mu_);

@@ -3,6 +3,7 @@
 // the design of Shrink).
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -23,7 +24,6 @@ namespace {
 // be taken for those of the next one.
 constexpr int kShrinkTagBase = 1000;
 constexpr int kShrinkTagSpan = 8192;
-constexpr int kCreateGroupTag = 77;
 
 absl::Status CheckCommOptions(const CommOptions& options) {
   if (options.version != CommOptions::kVersion) {
@@ -125,14 +125,27 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
   op->requests.push_back(r);
   STRATA_RETURN_IF_ERROR(WaitRequests(*engine, op, deadline, MPI_COMM_WORLD));
   STRATA_ASSIGN_OR_RETURN(MPI_Comm ctrl, FinishCreation(*engine, *comm, deadline, what));
-  auto state = std::make_shared<CommState>(*comm, ctrl, options.comm.name, info->world_rank);
+  // The root's id: random on rank 0, shared with the others, so that roots
+  // created one after another in a process never share an id.
+  auto id_op = NewOp(*engine, absl::StrCat(what, ": sharing its id"), deadline);
+  id_op->scratch.emplace_back(sizeof(uint64_t));
+  uint64_t* id = reinterpret_cast<uint64_t*>(id_op->scratch.back().data());
+  *id = (static_cast<uint64_t>(std::random_device()()) << 32) ^ std::random_device()();
+  rc = MPI_Ibcast(id, 1, MPI_UINT64_T, 0, *comm, &r);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, *comm, id_op->description());
+  id_op->requests.push_back(r);
+  STRATA_RETURN_IF_ERROR(WaitRequests(*engine, id_op, deadline, *comm));
+  auto state = std::make_shared<CommState>(*comm, ctrl, options.comm.name, info->world_rank,
+                                           absl::StrCat("r", absl::Hex(*id)));
   return std::make_unique<MpiCommunicator>(std::move(engine), std::move(state),
                                            options.comm.timeout);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::Wrap(MPI_Comm comm, MPI_Comm ctrl,
-                                                       const CommOptions& options) {
-  auto state = std::make_shared<CommState>(comm, ctrl, options.name, state_->world_rank());
+                                                       const CommOptions& options,
+                                                       std::string uid) {
+  auto state =
+      std::make_shared<CommState>(comm, ctrl, options.name, state_->world_rank(), std::move(uid));
   return std::make_unique<MpiCommunicator>(engine_, std::move(state), options.timeout);
 }
 
@@ -149,15 +162,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> barrier, Barrier(barrier_options));
   STRATA_RETURN_IF_ERROR_CTX(barrier->Wait(deadline), what);
   MPI_Comm comm = MPI_COMM_NULL;
+  std::string uid;
   {
     absl::MutexLock lock(&state_->issue_mu());
-    STRATA_RETURN_IF_ERROR(state_->CheckUsable(what));
+    STRATA_RETURN_IF_ERROR(state_->CheckUsable(what));  // `what` names the group
+    uid = absl::StrCat(state_->uid(), "/s", state_->next_split_seq(), "c", color);
     int rc = MPI_Comm_split(state_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &comm);
     if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), what);
   }
   if (comm == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
   STRATA_ASSIGN_OR_RETURN(MPI_Comm ctrl, FinishCreation(*engine_, comm, deadline, what));
-  return std::unique_ptr<Communicator>(Wrap(comm, ctrl, options));
+  return std::unique_ptr<Communicator>(Wrap(comm, ctrl, options, std::move(uid)));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
@@ -225,24 +240,30 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
     }
   }
 
-  // 2. Create the communicator among the survivors only. The control
-  // communicator is never revoked, so this works after a revocation too.
+  // 2. Create the communicator among the survivors only, from a group
+  // rather than a parent communicator (see mpi_communicator.h). The uid
+  // names the PMIx group; every survivor computes the same one.
+  const std::string uid = absl::StrCat(state_->uid(), "/k", seq);
   MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
   int rc = MPI_Comm_group(ctrl, &parent);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, survivors.data(), &group);
-  if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(ctrl, group, kCreateGroupTag, &comm);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL, MPI_ERRORS_RETURN, &comm);
+  }
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
   if (rc != MPI_SUCCESS) return FromMpi(rc, ctrl, what);
   STRATA_ASSIGN_OR_RETURN(MPI_Comm new_ctrl, FinishCreation(*engine_, comm, deadline, what));
-  return std::unique_ptr<Communicator>(Wrap(comm, new_ctrl, options));
+  return std::unique_ptr<Communicator>(Wrap(comm, new_ctrl, options, uid));
 }
 
 absl::Status MpiCommunicator::Abort() {
-  state_->SetAborted();
+  // Pending operations first, so that they fail with this message rather
+  // than with the engine's "the communicator broke".
   engine_->FailPending(state_.get(),
                        absl::AbortedError("the communicator was aborted by this rank"));
+  state_->SetAborted();
   return absl::OkStatus();
 }
 
@@ -256,9 +277,9 @@ absl::Status MpiCommunicator::Revoke() {
   if (rc != MPI_SUCCESS) {
     return FromMpi(rc, state_->comm(), absl::StrCat("revoke on ", state_->where()));
   }
-  state_->SetRevoked(absl::AbortedError(absl::StrCat(state_->where(), ": revoked by this rank")));
   engine_->FailPending(state_.get(),
                        absl::AbortedError("the communicator was revoked by this rank"));
+  state_->SetRevoked(absl::AbortedError(absl::StrCat(state_->where(), ": revoked by this rank")));
   return absl::OkStatus();
 #else
   return absl::UnimplementedError(absl::StrCat(
