@@ -114,10 +114,16 @@ int main() {
   absl::StatusOr<int64_t> three = Sum(*b, 1);
   CHECK_TRUE(three.ok() && *three == 3, "allreduce on the shrunk communicator: ",
              three.ok() ? absl::StrCat(*three) : three.status().ToString());
-  // The root communicator knows of the failure too.
-  absl::Status root_error = world->AsyncError();
-  CHECK_TRUE(root_error.GetPayload(kRankFailurePayload).has_value(),
-             "root AsyncError: ", root_error.ToString());
+  // The root communicator contains the dead rank too: its next operation
+  // fails (not hangs), and from then on AsyncError reports the failure.
+  {
+    absl::StatusOr<std::unique_ptr<Work>> barrier = world->Barrier();
+    absl::Status s = barrier.ok() ? (*barrier)->Wait(Deadline()) : barrier.status();
+    CHECK_TRUE(!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded,
+               "barrier with a dead rank: ", s.ToString());
+    absl::Status root_error = world->AsyncError();
+    CHECK_TRUE(!root_error.ok(), "root AsyncError after the failed barrier is OK");
+  }
 
   // ---- 3. evict a live rank that takes no part ---------------------------
   // World rank 3 (rank 2 of b) is evicted: it does not call Shrink; the

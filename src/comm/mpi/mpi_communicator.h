@@ -15,11 +15,11 @@
 //            communicator too, and only the survivors call it: they meet
 //            on the control duplicate (never revoked) with point-to-point
 //            messages bounded by the timeout, then create the new
-//            communicator with MPI_Comm_create_from_group, which involves
-//            only the survivors and no parent communicator. (MPIX_Comm_shrink
-//            would need every live rank, including live excluded ones, to
-//            take part; MPI_Comm_create_group on a parent with a failed
-//            rank fails under ULFM even when that rank is not in the group.)
+//            communicator among themselves: MPI_Comm_create_group on the
+//            control duplicate, or, when a rank has failed (ULFM refuses
+//            create_group on a parent containing a failed rank),
+//            MPI_Comm_create_from_group. MPIX_Comm_shrink is not used: it
+//            needs every live rank, live excluded ones included, to call it.
 //   Abort    local and immediate: pending operations fail with Aborted.
 //
 // Thread-safety: as Communicator (any thread; one order of collectives).

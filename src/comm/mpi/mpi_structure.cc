@@ -206,20 +206,24 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
   // 1. Rendezvous of the survivors (a dissemination barrier) on the control
   // communicator, bounded by the deadline: after it, every survivor is
   // known to be alive and inside this Shrink with the same survivor set.
+  // The messages also spread whether any survivor knows of a failed rank,
+  // so that all choose the same way to create the communicator.
+  int64_t failures = FailedRanks(ctrl).empty() && FailedRanks(state_->comm()).empty() ? 0 : 1;
   for (int distance = 1; distance < m; distance *= 2) {
     const int to = survivors[static_cast<size_t>((me + distance) % m)];
     const int from = survivors[static_cast<size_t>((me - distance + m) % m)];
     auto op = NewOp(*engine_, absl::StrCat(what, ": meeting survivor ranks ", to, " and ", from),
                     deadline);
-    op->scratch.emplace_back(4 * sizeof(int64_t));
+    op->scratch.emplace_back(6 * sizeof(int64_t));
     int64_t* msg = reinterpret_cast<int64_t*>(op->scratch.back().data());
     msg[0] = seq;
     msg[1] = hash;
+    msg[2] = failures;
     MPI_Request r[2];
-    int rc = MPI_Irecv(msg + 2, 2, MPI_INT64_T, from, tag, ctrl, &r[0]);
+    int rc = MPI_Irecv(msg + 3, 3, MPI_INT64_T, from, tag, ctrl, &r[0]);
     if (rc == MPI_SUCCESS) {
       op->requests.push_back(r[0]);
-      rc = MPI_Isend(msg, 2, MPI_INT64_T, to, tag, ctrl, &r[1]);
+      rc = MPI_Isend(msg, 3, MPI_INT64_T, to, tag, ctrl, &r[1]);
       if (rc == MPI_SUCCESS) op->requests.push_back(r[1]);
     }
     if (rc != MPI_SUCCESS) {
@@ -229,27 +233,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
     absl::Status met = WaitRequests(*engine_, op, deadline, ctrl);
     if (!met.ok()) {
       if (met.GetPayload(kRankFailurePayload).has_value()) {
-        return internal::Annotate(met, absl::StrCat("a survivor has failed; exclude it too"));
+        return internal::Annotate(met, "a survivor has failed; exclude it too");
       }
       return met;
     }
-    if (msg[2] != seq || msg[3] != hash) {
+    if (msg[3] != seq || msg[4] != hash) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": survivor rank ", from,
           " passed a different list of excluded ranks (every survivor must pass the same list)"));
     }
+    failures |= msg[5];
   }
 
-  // 2. Create the communicator among the survivors only, from a group
-  // rather than a parent communicator (see mpi_communicator.h). The uid
-  // names the PMIx group; every survivor computes the same one.
+  // 2. Create the communicator among the survivors only. Without failures,
+  // MPI_Comm_create_group on the control communicator (only the group's
+  // members take part). With failures, ULFM refuses that on a parent that
+  // contains a failed rank, so the communicator is built from the group
+  // alone with MPI_Comm_create_from_group (PMIx), named by the uid that
+  // every survivor computes alike.
   const std::string uid = absl::StrCat(state_->uid(), "/k", seq);
   MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
   int rc = MPI_Comm_group(ctrl, &parent);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, survivors.data(), &group);
   if (rc == MPI_SUCCESS) {
-    rc = MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL, MPI_ERRORS_RETURN, &comm);
+    rc = failures != 0 ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
+                                                    MPI_ERRORS_RETURN, &comm)
+                       : MPI_Comm_create_group(ctrl, group, tag, &comm);
   }
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
