@@ -6,7 +6,8 @@ in-process recovery from failed ranks. See README.md and docs/.
 """
 
 from . import errors
-from ._strata import LaunchEnv, Mesh, build_info, launch_env
+from ._strata import LaunchEnv, Mesh, available_backends, build_info, launch_env
+from .comm import Group, Work, World, init
 from .errors import (
     CheckpointError,
     CommError,
@@ -22,6 +23,11 @@ from .errors import (
 __version__ = build_info()["version"]
 
 __all__ = [
+    "init",
+    "World",
+    "Group",
+    "Work",
+    "available_backends",
     "LaunchEnv",
     "Mesh",
     "build_info",

@@ -148,7 +148,7 @@ bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
 
 absl::Status ValidateAllReduce(const GroupInfo& g, const ConstBuffer& send, const Buffer& recv,
                                ReduceOp op, const Capabilities& caps) {
-  const std::string what = DescribeOp("allreduce", "", recv);
+  const std::string what = DescribeOp("allreduce", ReduceOpName(op), recv);
   STRATA_RETURN_IF_ERROR(
       CheckOne(g, what, "send buffer", send.data, send.count, send.dtype, true, caps));
   STRATA_RETURN_IF_ERROR(
@@ -168,7 +168,8 @@ absl::Status ValidateBroadcast(const GroupInfo& g, const Buffer& buffer, int roo
 
 absl::Status ValidateReduce(const GroupInfo& g, const ConstBuffer& send, const Buffer& recv,
                             ReduceOp op, int root, const Capabilities& caps) {
-  const std::string what = DescribeOp("reduce", absl::StrCat("root ", root), send);
+  const std::string what =
+      DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send);
   STRATA_RETURN_IF_ERROR(CheckRank(g, what, "root", root));
   STRATA_RETURN_IF_ERROR(
       CheckOne(g, what, "send buffer", send.data, send.count, send.dtype, true, caps));
@@ -207,7 +208,7 @@ absl::Status ValidateAllGather(const GroupInfo& g, const ConstBuffer& send, cons
 
 absl::Status ValidateReduceScatter(const GroupInfo& g, const ConstBuffer& send, const Buffer& recv,
                                    ReduceOp op, const Capabilities& caps) {
-  const std::string what = DescribeOp("reduce_scatter", "", recv);
+  const std::string what = DescribeOp("reduce_scatter", ReduceOpName(op), recv);
   STRATA_RETURN_IF_ERROR(
       CheckOne(g, what, "send buffer", send.data, send.count, send.dtype, true, caps));
   STRATA_RETURN_IF_ERROR(
