@@ -125,6 +125,16 @@ int main() {
     CHECK_TRUE(!root_error.ok(), "root AsyncError after the failed barrier is OK");
   }
 
+  // Everyone is done with b before the others revoke it below: they meet
+  // on a copy of b that nobody revokes (a barrier on b itself would race
+  // with the revocation on ranks still finishing it).
+  {
+    std::unique_ptr<Communicator> sync = Must(b->Split(0, b->rank(), Named("sync")), "sync");
+    absl::StatusOr<std::unique_ptr<Work>> barrier = sync->Barrier();
+    absl::Status s = barrier.ok() ? (*barrier)->Wait(Deadline()) : barrier.status();
+    CHECK_TRUE(s.ok(), "barrier on sync: ", s.ToString());
+  }
+
   // ---- 3. evict a live rank that takes no part ---------------------------
   // World rank 3 (rank 2 of b) is evicted: it does not call Shrink; the
   // others revoke b first, so the shrink must work on a revoked
