@@ -48,6 +48,20 @@ struct STRATA_EXPORT MpiOptions {
   // While a caller waits (Work::Wait), it polls without pausing.
   absl::Duration busy_poll = absl::Microseconds(200);
   absl::Duration max_poll_interval = absl::Milliseconds(1);
+  // Algorithm choices for large messages, in bytes per rank (0 turns a
+  // choice off). Open MPI's nonblocking collectives pick algorithms that are
+  // slow for large messages on shared memory (docs/mpi.md has the numbers);
+  // from these sizes strata asks for others:
+  //   allreduce       a ring
+  //   reduce          a binomial tree
+  //   reduce_scatter  one binomial reduce to each rank, all in flight, in
+  //                   groups of at most `per_root_reduce_scatter_max_ranks`
+  //                   (it costs O(size) operations per rank)
+  // An algorithm chosen in the environment (OMPI_MCA_coll_libnbc_*) wins.
+  size_t ring_allreduce_min_bytes = size_t{2} << 20;
+  size_t binomial_reduce_min_bytes = size_t{64} << 10;
+  size_t per_root_reduce_scatter_min_bytes = size_t{64} << 10;
+  int per_root_reduce_scatter_max_ranks = 16;
   // The most elements one MPI call may carry. MPI counts are `int`, so
   // larger operations are split into several calls; the default is INT_MAX.
   // Tests lower it to exercise the splitting with small buffers. Every

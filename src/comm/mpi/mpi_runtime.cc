@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +40,12 @@ struct Runtime {
   MPI_Op half_ops[2][4] = {};
   std::set<ExitHook*> hooks;
   std::vector<std::shared_ptr<void>> kept;
+  // libnbc's algorithm variables, writable through MPI_T (null handle when
+  // not available or set by the user's environment), and the lock that
+  // makes "set, then start the collective" atomic.
+  absl::Mutex nbc_mu;
+  bool mpit_initialized = false;
+  MPI_T_cvar_handle nbc[2] = {nullptr, nullptr};
 };
 
 // Deliberately leaked: it must outlive every static destructor that might
@@ -47,27 +55,43 @@ Runtime& GetRuntime() {
   return *runtime;
 }
 
+// Reads an integer MCA variable through MPI_T; nullopt when unknown.
+std::optional<int> ReadIntVariable(const char* name) {
+  int index = -1;
+  if (MPI_T_cvar_get_index(name, &index) != MPI_SUCCESS) return std::nullopt;
+  MPI_T_cvar_handle handle;
+  int count = 0;
+  if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) != MPI_SUCCESS) return std::nullopt;
+  int value = 0;
+  const bool ok = MPI_T_cvar_read(handle, &value) == MPI_SUCCESS;
+  MPI_T_cvar_handle_free(&handle);
+  if (!ok) return std::nullopt;
+  return value;
+}
+
 bool ReadFaultTolerance() {
   // mpirun --with-ft ulfm sets the MCA parameter mpi_ft_enable; read it
   // through MPI_T so that every way of setting it counts.
-  int provided = 0;
-  if (MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided) == MPI_SUCCESS) {
-    int index = -1;
-    bool found = false;
-    int value = 0;
-    if (MPI_T_cvar_get_index("mpi_ft_enable", &index) == MPI_SUCCESS) {
-      MPI_T_cvar_handle handle;
-      int count = 0;
-      if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
-        found = MPI_T_cvar_read(handle, &value) == MPI_SUCCESS;
-        MPI_T_cvar_handle_free(&handle);
-      }
-    }
-    MPI_T_finalize();
-    if (found) return value != 0;
-  }
+  std::optional<int> value = ReadIntVariable("mpi_ft_enable");
+  if (value) return *value != 0;
   const char* env = std::getenv("OMPI_MCA_mpi_ft_enable");
   return env != nullptr && std::strcmp(env, "0") != 0 && std::strcmp(env, "false") != 0;
+}
+
+// Handles of libnbc's algorithm variables, unless the user chose an
+// algorithm in the environment (then theirs stays).
+void OpenNbcVariables(Runtime& rt) {
+  const char* names[2] = {"coll_libnbc_iallreduce_algorithm", "coll_libnbc_ireduce_algorithm"};
+  for (int i = 0; i < 2; ++i) {
+    std::optional<int> current = ReadIntVariable(names[i]);
+    if (!current || *current != 0) continue;
+    int index = -1, count = 0;
+    if (MPI_T_cvar_get_index(names[i], &index) != MPI_SUCCESS) continue;
+    MPI_T_cvar_handle handle;
+    if (MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count) == MPI_SUCCESS) {
+      rt.nbc[i] = handle;
+    }
+  }
 }
 
 void FinalizeAtExit() {
@@ -80,7 +104,16 @@ void FinalizeAtExit() {
   }
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  {
+    absl::MutexLock lock(&rt.nbc_mu);
+    for (MPI_T_cvar_handle& h : rt.nbc) {
+      if (h != nullptr) MPI_T_cvar_handle_free(&h);
+    }
+    if (rt.mpit_initialized) MPI_T_finalize();
+    rt.mpit_initialized = false;
+  }
+  MPI_Finalize();
 }
 
 absl::Status CreateHalfOps(Runtime& rt) {
@@ -138,10 +171,13 @@ absl::StatusOr<const RuntimeInfo*> EnsureInitialized() {
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rt.info.world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &rt.info.world_size);
+  int mpit_level = 0;
+  rt.mpit_initialized = MPI_T_init_thread(MPI_THREAD_MULTIPLE, &mpit_level) == MPI_SUCCESS;
 #ifdef STRATA_HAVE_ULFM
   rt.info.ulfm_built = true;
   rt.info.fault_tolerant = ReadFaultTolerance();
 #endif
+  if (rt.mpit_initialized) OpenNbcVariables(rt);
   char version[MPI_MAX_LIBRARY_VERSION_STRING];
   int len = 0;
   MPI_Get_library_version(version, &len);
@@ -177,6 +213,20 @@ void UnregisterExitHook(ExitHook* hook) {
   Runtime& rt = GetRuntime();
   absl::MutexLock lock(&rt.hooks_mu);
   rt.hooks.erase(hook);
+}
+
+absl::Status WithNbcAlgorithm(NbcCollective collective, int algorithm,
+                              const std::function<absl::Status()>& start) {
+  Runtime& rt = GetRuntime();
+  MPI_T_cvar_handle handle = rt.nbc[static_cast<int>(collective)];
+  if (handle == nullptr) return start();
+  absl::MutexLock lock(&rt.nbc_mu);
+  if (!rt.mpit_initialized) return start();
+  MPI_T_cvar_write(handle, &algorithm);
+  absl::Status s = start();
+  int automatic = 0;
+  MPI_T_cvar_write(handle, &automatic);
+  return s;
 }
 
 void KeepUntilExit(std::shared_ptr<void> object) {

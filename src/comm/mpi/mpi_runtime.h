@@ -21,6 +21,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,22 @@ class ExitHook {
 };
 void RegisterExitHook(ExitHook* hook);
 void UnregisterExitHook(ExitHook* hook);
+
+// Open MPI's nonblocking collectives (the libnbc component) choose their
+// algorithm from the message size, and choose badly for large messages on
+// shared memory (measured in docs/mpi.md). Their MCA variables are
+// process-wide but writable at run time through MPI_T.
+enum class NbcCollective { kIallreduce = 0, kIreduce = 1 };
+// libnbc's numbering.
+inline constexpr int kNbcAllreduceRing = 1;
+inline constexpr int kNbcReduceBinomial = 2;
+// Runs `start` (which starts the collective) while libnbc's algorithm for
+// `collective` is `algorithm`, then restores libnbc's own choice. Calls are
+// serialised process-wide, since the variable is. When the variable cannot
+// be written (another MPI, or the user set it in the environment, which
+// then wins), just runs `start`.
+absl::Status WithNbcAlgorithm(NbcCollective collective, int algorithm,
+                              const std::function<absl::Status()>& start);
 
 // Keeps `object` alive until the process exits: memory that MPI may still
 // write into after the engine that polled it has stopped.
