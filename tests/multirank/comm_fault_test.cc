@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -151,5 +152,9 @@ int main() {
     CHECK_TRUE(c->AsyncError().ok(), c->AsyncError().ToString());
   }
   std::fprintf(stderr, "[rank %d] %s\n", env.rank, g_failures == 0 ? "PASSED" : "FAILED");
-  return g_failures == 0 ? 0 : 1;
+  std::fflush(stderr);
+  // After a rank died, Open MPI 5.0.11's MPI_Finalize sometimes waits
+  // forever in its closing PMIx fence (docs/mpi.md); the survivors'
+  // verdict is in, so leave without it.
+  std::_Exit(g_failures == 0 ? 0 : 1);
 }

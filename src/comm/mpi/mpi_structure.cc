@@ -54,11 +54,15 @@ MPI_Comm* CommSlot(Op& op) {
   return reinterpret_cast<MPI_Comm*>(op.scratch.back().data());
 }
 
-// Makes `comm` return errors instead of aborting the job, and ends with a
-// barrier on it, so that every member has finished creating it before any
-// member can revoke it (Open MPI 5.0.11 crashes in ompi_comm_revoke_local
-// when a revocation reaches a process still inside the creating call).
-// Then duplicates it for the control communicator.
+// Makes `comm` return errors instead of aborting the job and duplicates it
+// for the control communicator. The duplication also makes creation safe
+// to revoke: MPI_Comm_idup completes on a rank only once every member has
+// joined it, i.e. has finished creating `comm` (Open MPI 5.0.11 crashes in
+// ompi_comm_revoke_local when a revocation reaches a process still inside
+// the creating call). No other collective may be started on `comm` while
+// the idup is pending: its internal agreement issues nonblocking
+// collectives lazily, which then pair up with the wrong ones on other ranks
+// (seen as MPI_ERR_TRUNCATE in a libnbc schedule).
 absl::StatusOr<MPI_Comm> FinishCreation(Engine& engine, MPI_Comm comm, absl::Time deadline,
                                         absl::string_view what) {
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
@@ -67,12 +71,6 @@ absl::StatusOr<MPI_Comm> FinishCreation(Engine& engine, MPI_Comm comm, absl::Tim
   MPI_Request r;
   int rc = MPI_Comm_idup(comm, ctrl, &r);
   if (rc != MPI_SUCCESS) return FromMpi(rc, comm, op->description());
-  op->requests.push_back(r);
-  rc = MPI_Ibarrier(comm, &r);
-  if (rc != MPI_SUCCESS) {
-    engine.Adopt(op);
-    return FromMpi(rc, comm, op->description());
-  }
   op->requests.push_back(r);
   STRATA_RETURN_IF_ERROR(WaitRequests(engine, op, deadline, comm));
   MPI_Comm_set_errhandler(*ctrl, MPI_ERRORS_RETURN);
