@@ -72,12 +72,17 @@ sanitize: deps
 	  ctest -j $(JOBS) --output-on-failure --timeout 1200 -LE python
 	$(MAKE) sanitize-thread
 
-# TSan over the tests of threaded code (label "threads").
+# TSan over the tests of threaded code (label "threads"). UCX_MEM_EVENTS=no:
+# Open MPI loads UCX, whose madvise hook takes a lock in exiting threads
+# after TSan has let go of them, which crashes. PMIX_MCA_gds=hash: PMIx's
+# shmem2 store maps a segment at a fixed address inside TSan's shadow
+# memory and MPI_Init fails.
 sanitize-thread: deps
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=thread \
 	  -DSTRATA_BUILD_PYTHON=OFF -DSTRATA_BUILD_BENCHMARKS=OFF $(CMAKE_ARGS)
 	cmake --build build-tsan -j $(JOBS)
-	cd build-tsan && TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tools/tsan.supp:halt_on_error=1 \
+	cd build-tsan && TSAN_OPTIONS=suppressions=$(CURDIR)/tests/tools/tsan.supp:halt_on_error=1 UCX_MEM_EVENTS=no \
+	  PMIX_MCA_gds=hash \
 	  ctest -j $(JOBS) --output-on-failure --timeout 1200 -L threads --no-tests=ignore
 
 format:

@@ -13,12 +13,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "registry.h"
 #include "status_map.h"
@@ -42,12 +42,12 @@ class Owner {
 
   World* world() { return world_.get(); }
   Communicator* comm() { return comm_.get(); }
-  absl::Mutex& mu() { return mu_; }
+  std::shared_mutex& mu() { return mu_; }
   bool alive() const { return alive_.load(); }
 
   // Called with the GIL released.
   void Destroy() {
-    absl::WriterMutexLock lock(&mu_);
+    std::unique_lock<std::shared_mutex> lock(mu_);
     alive_.store(false);
     world_.reset();
     comm_.reset();
@@ -84,7 +84,7 @@ class Owner {
   }
 
  private:
-  absl::Mutex mu_;
+  std::shared_mutex mu_;
   std::atomic<bool> alive_{true};
   std::unique_ptr<World> world_;
   std::unique_ptr<Communicator> comm_;
@@ -199,7 +199,7 @@ class PyGroup {
     absl::StatusOr<std::unique_ptr<Work>> work;
     {
       py::gil_scoped_release release;
-      absl::ReaderMutexLock lock(&owner_->mu());
+      std::shared_lock<std::shared_mutex> lock(owner_->mu());
       if (!owner_->alive()) {
         work = absl::FailedPreconditionError("the group's world was destroyed");
       } else {

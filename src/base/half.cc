@@ -3,14 +3,7 @@
 namespace strata {
 
 // The loops below have no branches and no calls, so GCC and Clang
-// vectorise them; the AVX2 clone is picked at load time where the CPU has
-// it (function multiversioning), the baseline clone elsewhere.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define STRATA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define STRATA_VECTOR_CLONES
-#endif
-
+// vectorise them (see STRATA_VECTOR_CLONES in half.h).
 STRATA_VECTOR_CLONES void HalfToFloat(const uint16_t* in, float* out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = HalfToFloatScalar(in[i]);
 }

@@ -28,6 +28,17 @@
 #include <cstdint>
 #include <cstring>
 
+// Marks a function to be built twice, for AVX2 and for the baseline, with
+// the right one picked when the library loads (GCC function multiversioning
+// through an ifunc). Off under sanitizers: an instrumented ifunc resolver
+// runs before the sanitizer runtime is up and crashes (TSan).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+#define STRATA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define STRATA_VECTOR_CLONES
+#endif
+
 namespace strata {
 
 namespace half_internal {

@@ -11,12 +11,6 @@ namespace {
 // Elements widened at a time: two fp32 blocks of 4 KiB stay in L1.
 constexpr size_t kBlock = 1024;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define STRATA_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define STRATA_VECTOR_CLONES
-#endif
-
 // The combining loops; plain enough for the vectoriser (min/max as
 // selects, which become vminps/vmaxps).
 STRATA_VECTOR_CLONES void Combine(ReduceOp op, const float* a, float* b, size_t n) {

@@ -108,6 +108,7 @@ MPI_Datatype MpiType(DataType dtype) {
       return MPI_C_BOOL;
   }
   STRATA_CHECK(false, "MpiType of dtype value ", static_cast<int>(dtype));
+  return MPI_DATATYPE_NULL;
 }
 
 MPI_Op MpiReduceOp(DataType dtype, ReduceOp op) {
@@ -124,6 +125,7 @@ MPI_Op MpiReduceOp(DataType dtype, ReduceOp op) {
       return MPI_MAX;
   }
   STRATA_CHECK(false, "MpiReduceOp of op value ", static_cast<int>(op));
+  return MPI_OP_NULL;
 }
 
 const comm_internal::Capabilities& MpiCapabilities() {
@@ -150,7 +152,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Start(
   }
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
-  absl::MutexLock lock(&state_->issue_mu());
+  std::lock_guard<std::mutex> lock(state_->issue_mu());
   const std::string description = absl::StrCat(what, " on ", state_->where());
   STRATA_RETURN_IF_ERROR(state_->CheckUsable(description));
   auto op =

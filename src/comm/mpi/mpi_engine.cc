@@ -64,7 +64,7 @@ CommState::~CommState() {
 }
 
 absl::Status CommState::CheckUsable(absl::string_view op) const {
-  absl::MutexLock lock(&health_mu_);
+  std::lock_guard<std::mutex> lock(health_mu_);
   absl::Status s;
   switch (state_) {
     case State::kHealthy:
@@ -88,7 +88,7 @@ absl::Status CommState::CheckUsable(absl::string_view op) const {
 }
 
 absl::Status CommState::Health() const {
-  absl::MutexLock lock(&health_mu_);
+  std::lock_guard<std::mutex> lock(health_mu_);
   switch (state_) {
     case State::kHealthy:
       return absl::OkStatus();
@@ -102,14 +102,14 @@ absl::Status CommState::Health() const {
 }
 
 void CommState::SetFailed(const absl::Status& status) {
-  absl::MutexLock lock(&health_mu_);
+  std::lock_guard<std::mutex> lock(health_mu_);
   if (state_ != State::kHealthy) return;
   state_ = status.code() == absl::StatusCode::kAborted ? State::kRevoked : State::kFailed;
   failure_ = status;
 }
 
 void CommState::SetAborted() {
-  absl::MutexLock lock(&health_mu_);
+  std::lock_guard<std::mutex> lock(health_mu_);
   if (state_ == State::kHealthy || state_ == State::kFailed) {
     if (failure_.ok()) failure_ = absl::AbortedError(absl::StrCat(where_, ": aborted"));
     state_ = State::kAborted;
@@ -117,7 +117,7 @@ void CommState::SetAborted() {
 }
 
 void CommState::SetRevoked(const absl::Status& status) {
-  absl::MutexLock lock(&health_mu_);
+  std::lock_guard<std::mutex> lock(health_mu_);
   if (state_ == State::kRevoked) return;
   state_ = State::kRevoked;
   failure_ = status;
@@ -126,30 +126,35 @@ void CommState::SetRevoked(const absl::Status& status) {
 // ---- Wakeup -----------------------------------------------------------------
 
 void Wakeup::AddWaiter() {
-  absl::MutexLock lock(&mu_);
-  ++waiters_;
-  ++kicks_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++waiters_;
+    ++kicks_;
+  }
+  cv_.notify_all();
 }
 
 void Wakeup::RemoveWaiter() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   --waiters_;
 }
 
 void Wakeup::Kick() {
-  absl::MutexLock lock(&mu_);
-  ++kicks_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++kicks_;
+  }
+  cv_.notify_all();
 }
 
 bool Wakeup::HasWaiters() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return waiters_ > 0;
 }
 
 void Wakeup::Sleep(absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto kicked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return kicks_ != seen_; };
-  mu_.AwaitWithTimeout(absl::Condition(&kicked), timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return kicks_ != seen_; });
   seen_ = kicks_;
 }
 
@@ -164,21 +169,24 @@ Op::Op(std::string description, std::shared_ptr<CommState> comm, absl::Time dead
       wakeup_(std::move(wakeup)) {}
 
 bool Op::Complete(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
-  if (done_) return false;
-  done_ = true;
-  status_ = status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;
+    done_ = true;
+    status_ = status;
+  }
+  cv_.notify_all();
   return true;
 }
 
 bool Op::done() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return done_;
 }
 
 absl::Status Op::Wait(absl::Time deadline) {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (done_) return status_;
   }
   const absl::Time start = absl::Now();
@@ -186,8 +194,13 @@ absl::Status Op::Wait(absl::Time deadline) {
   bool done;
   absl::Status status;
   {
-    absl::MutexLock lock(&mu_);
-    mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+    std::unique_lock<std::mutex> lock(mu_);
+    // In slices, since the deadline may be infinitely far away.
+    while (!done_) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, absl::Hours(1))));
+    }
     done = done_;
     status = status_;
   }
@@ -200,7 +213,7 @@ absl::Status Op::Wait(absl::Time deadline) {
 }
 
 absl::StatusOr<bool> Op::Test() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!done_) return false;
   if (!status_.ok()) return status_;
   return true;
@@ -225,16 +238,17 @@ Engine::~Engine() {
 
 void Engine::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) return;
     stopped_ = true;
     stop_ = true;
   }
   wakeup_->Kick();
+  idle_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::deque<std::shared_ptr<Op>> active;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     active.swap(active_);
   }
   // MPI may still write into these operations' buffers (it cannot cancel a
@@ -248,7 +262,7 @@ void Engine::Stop() {
   }
   std::vector<std::shared_ptr<Op>> adopted;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     adopted.swap(adopted_);
   }
   for (const std::shared_ptr<Op>& op : orphans_) KeepUntilExit(op);
@@ -259,24 +273,26 @@ void Engine::Stop() {
 void Engine::Submit(std::shared_ptr<Op> op) {
   op->statuses_.resize(op->requests.size());
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     active_.push_back(std::move(op));
   }
   wakeup_->Kick();
+  idle_.notify_all();
 }
 
 void Engine::Adopt(std::shared_ptr<Op> op) {
   if (AllNull(op->requests)) return;
   op->statuses_.resize(op->requests.size());
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     adopted_.push_back(std::move(op));
   }
   wakeup_->Kick();
+  idle_.notify_all();
 }
 
 void Engine::FailPending(const CommState* comm, const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const std::shared_ptr<Op>& op : active_) {
     if (op->comm_.get() == comm) {
       op->Complete(
@@ -295,15 +311,12 @@ void Engine::Run() {
   while (true) {
     std::vector<std::shared_ptr<Op>> ops;
     {
-      absl::MutexLock lock(&mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       if (stop_) return;
       for (std::shared_ptr<Op>& op : adopted_) orphans_.push_back(std::move(op));
       adopted_.clear();
       if (active_.empty() && orphans_.empty()) {
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || !active_.empty() || !adopted_.empty();
-        };
-        mu_.Await(absl::Condition(&wake));
+        idle_.wait(lock, [this] { return stop_ || !active_.empty() || !adopted_.empty(); });
         last_activity = absl::Now();
         pause = absl::Microseconds(20);
         continue;
@@ -313,7 +326,7 @@ void Engine::Run() {
     bool completed = Pass(ops);
     ReapOrphans();
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
       active_.erase(std::remove_if(active_.begin(), active_.end(),
                                    [](const std::shared_ptr<Op>& op) { return op->retired_; }),

@@ -25,6 +25,9 @@
 // operation's scratch buffers, until MPI completes them. Their user buffers
 // must stay valid until then or until the process exits.
 //
+// Locks are std::mutex rather than absl::Mutex: the system's abseil is not
+// built with ThreadSanitizer, which then cannot see absl::Mutex's ordering.
+//
 // Thread-safety: Engine, Op and CommState are thread-safe; Op::requests,
 // Op::finish and Op::scratch are written by the starting thread before
 // Submit and used only by the engine thread afterwards.
@@ -32,18 +35,18 @@
 
 #include <mpi.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "comm/mpi/mpi_runtime.h"
@@ -77,7 +80,7 @@ class CommState {
 
   // Serialises the starting of operations, so that MPI sees them in the
   // order of the engine's queue; held while an operation is started.
-  absl::Mutex& issue_mu() { return issue_mu_; }
+  std::mutex& issue_mu() { return issue_mu_; }
   // Counts Split and Shrink calls, for message tags and child uids
   // (guarded by issue_mu).
   int next_shrink_seq() { return shrink_seq_++; }
@@ -109,13 +112,13 @@ class CommState {
   int size_ = 1;
   int world_rank_ = 0;
   std::string where_;
-  absl::Mutex issue_mu_;
+  std::mutex issue_mu_;
   const std::string uid_;
-  int shrink_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
-  int split_seq_ ABSL_GUARDED_BY(issue_mu_) = 0;
-  mutable absl::Mutex health_mu_;
-  State state_ ABSL_GUARDED_BY(health_mu_) = State::kHealthy;
-  absl::Status failure_ ABSL_GUARDED_BY(health_mu_);
+  int shrink_seq_ = 0;
+  int split_seq_ = 0;
+  mutable std::mutex health_mu_;
+  State state_ = State::kHealthy;
+  absl::Status failure_;
 };
 
 // How the engine thread learns that a caller waits or an operation
@@ -132,10 +135,11 @@ class Wakeup {
   void Sleep(absl::Duration timeout);
 
  private:
-  mutable absl::Mutex mu_;
-  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t kicks_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t seen_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int waiters_ = 0;
+  uint64_t kicks_ = 0;
+  uint64_t seen_ = 0;
 };
 
 // One started operation.
@@ -175,9 +179,10 @@ class Op {
   const absl::Time deadline_;
   const absl::Duration timeout_;
   const std::shared_ptr<Wakeup> wakeup_;
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
   // Engine thread only.
   bool retired_ = false;
   bool mpi_done_ = false;
@@ -224,13 +229,14 @@ class Engine : public ExitHook {
   const MpiOptions options_;
   const size_t max_elements_;
   const std::shared_ptr<Wakeup> wakeup_;
-  absl::Mutex mu_;
-  std::deque<std::shared_ptr<Op>> active_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex mu_;
+  std::condition_variable idle_;  // the thread waits here with nothing to poll
+  std::deque<std::shared_ptr<Op>> active_;
+  bool stop_ = false;
+  bool stopped_ = false;
   // Engine thread only (and Stop after the join).
   std::vector<std::shared_ptr<Op>> orphans_;
-  std::vector<std::shared_ptr<Op>> adopted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Op>> adopted_;
   std::thread thread_;
 };
 

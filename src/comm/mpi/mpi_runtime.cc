@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "comm/mpi/half_reduce.h"
 #include "strata/base/status.h"
 
@@ -29,9 +28,9 @@ void HalfOpFn(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
 }
 
 struct Runtime {
-  absl::Mutex mu;            // initialisation and the facts below
-  absl::Mutex hooks_mu;      // `hooks`
-  absl::Mutex kept_mu;       // `kept`
+  std::mutex mu;             // initialisation and the facts below
+  std::mutex hooks_mu;       // `hooks`
+  std::mutex kept_mu;        // `kept`
   bool initialized = false;  // by anyone
   bool we_initialized = false;
   bool exit_handler_registered = false;
@@ -43,7 +42,7 @@ struct Runtime {
   // libnbc's algorithm variables, writable through MPI_T (null handle when
   // not available or set by the user's environment), and the lock that
   // makes "set, then start the collective" atomic.
-  absl::Mutex nbc_mu;
+  std::mutex nbc_mu;
   bool mpit_initialized = false;
   MPI_T_cvar_handle nbc[2] = {nullptr, nullptr};
 };
@@ -99,14 +98,14 @@ void FinalizeAtExit() {
   {
     // Held while the hooks run, so that an engine being destroyed on
     // another thread (which unregisters first) cannot vanish under us.
-    absl::MutexLock lock(&rt.hooks_mu);
+    std::lock_guard<std::mutex> lock(rt.hooks_mu);
     for (ExitHook* hook : rt.hooks) hook->StopBeforeFinalize();
   }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
   {
-    absl::MutexLock lock(&rt.nbc_mu);
+    std::lock_guard<std::mutex> lock(rt.nbc_mu);
     for (MPI_T_cvar_handle& h : rt.nbc) {
       if (h != nullptr) MPI_T_cvar_handle_free(&h);
     }
@@ -139,7 +138,7 @@ absl::Status CreateHalfOps(Runtime& rt) {
 
 absl::StatusOr<const RuntimeInfo*> EnsureInitialized() {
   Runtime& rt = GetRuntime();
-  absl::MutexLock lock(&rt.mu);
+  std::lock_guard<std::mutex> lock(rt.mu);
   if (rt.initialized) return &rt.info;
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -205,13 +204,13 @@ MPI_Op HalfReduceOp(DataType dtype, ReduceOp op) {
 
 void RegisterExitHook(ExitHook* hook) {
   Runtime& rt = GetRuntime();
-  absl::MutexLock lock(&rt.hooks_mu);
+  std::lock_guard<std::mutex> lock(rt.hooks_mu);
   rt.hooks.insert(hook);
 }
 
 void UnregisterExitHook(ExitHook* hook) {
   Runtime& rt = GetRuntime();
-  absl::MutexLock lock(&rt.hooks_mu);
+  std::lock_guard<std::mutex> lock(rt.hooks_mu);
   rt.hooks.erase(hook);
 }
 
@@ -220,7 +219,7 @@ absl::Status WithNbcAlgorithm(NbcCollective collective, int algorithm,
   Runtime& rt = GetRuntime();
   MPI_T_cvar_handle handle = rt.nbc[static_cast<int>(collective)];
   if (handle == nullptr) return start();
-  absl::MutexLock lock(&rt.nbc_mu);
+  std::lock_guard<std::mutex> lock(rt.nbc_mu);
   if (!rt.mpit_initialized) return start();
   MPI_T_cvar_write(handle, &algorithm);
   absl::Status s = start();
@@ -231,7 +230,7 @@ absl::Status WithNbcAlgorithm(NbcCollective collective, int algorithm,
 
 void KeepUntilExit(std::shared_ptr<void> object) {
   Runtime& rt = GetRuntime();
-  absl::MutexLock lock(&rt.kept_mu);
+  std::lock_guard<std::mutex> lock(rt.kept_mu);
   rt.kept.push_back(std::move(object));
 }
 

@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   MPI_Comm comm = MPI_COMM_NULL;
   std::string uid;
   {
-    absl::MutexLock lock(&state_->issue_mu());
+    std::lock_guard<std::mutex> lock(state_->issue_mu());
     STRATA_RETURN_IF_ERROR(state_->CheckUsable(what));  // `what` names the group
     uid = absl::StrCat(state_->uid(), "/s", state_->next_split_seq(), "c", color);
     int rc = MPI_Comm_split(state_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &comm);
@@ -194,7 +194,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
   const absl::Time deadline = absl::Now() + options.timeout;
   int seq;
   {
-    absl::MutexLock lock(&state_->issue_mu());
+    std::lock_guard<std::mutex> lock(state_->issue_mu());
     seq = state_->next_shrink_seq();
   }
   const int tag = kShrinkTagBase + seq % kShrinkTagSpan;
