@@ -107,6 +107,8 @@ def test_user_errors_are_named(world):
         g.allreduce(torch.ones(2, requires_grad=True))
     with pytest.raises(strata.InvalidArgument, match="send_counts has 2 entries"):
         world.group().all_to_all(torch.zeros(3), torch.zeros(3), input_splits=[1, 2])
+    with pytest.raises(strata.InvalidArgument, match="at least one dimension"):
+        world.group().all_to_all(torch.zeros(()), torch.zeros(()), input_splits=[1])
     with pytest.raises(strata.CommError, match="no group 'tp-cp'"):
         world.group("tp-cp")
     assert issubclass(strata.InvalidArgument, ValueError)

@@ -137,6 +137,13 @@ TEST(WorldOfOneTest, MisuseIsNamed) {
   CommOptions unnamed;
   unnamed.name = "";
   EXPECT_THAT(c->Split(0, 0, unnamed).status(), StatusIs(kInvalid, "name is empty"));
+  CommOptions future;
+  future.version = 2;
+  EXPECT_THAT(c->Shrink({}, future).status(), StatusIs(kInvalid, "CommOptions version 2"));
+  RootOptions spin;
+  spin.mpi.busy_poll = absl::Seconds(-1);
+  EXPECT_THAT(CreateRootCommunicator(Single(), spin).status(),
+              StatusIs(kInvalid, "must not be negative"));
 }
 
 TEST(WorldOfOneTest, DeadlinesAbortRevokeAndShrink) {
@@ -209,6 +216,16 @@ TEST(WorldOfOneTest, WorldOfOneHasEveryGroup) {
       EXPECT_EQ((*g)->size(), 1);
     }
   }
+  auto world = World::Create(Single(), *mesh, options);
+  ASSERT_TRUE(world.ok());
+  EXPECT_THAT((*world)->Group("tp-tp").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "names axis tp twice"));
+  EXPECT_THAT((*world)->Group("ep-tp").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cannot be mixed"));
+  WorldOptions old = options;
+  old.version = 0;
+  EXPECT_THAT(World::Create(Single(), *mesh, old).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "WorldOptions version 0"));
   MeshSpec two;
   two.world_size = 2;
   EXPECT_THAT(World::Create(Single(), *Mesh::Create(two), options).status(),
