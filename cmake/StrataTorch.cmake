@@ -18,7 +18,12 @@ set(STRATA_TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING
     "TORCH_CUDA_ARCH_LIST given to TorchConfig (skips its GPU detection)")
 
 set(STRATA_TORCH_ADAPTER FALSE)
-if(STRATA_HAVE_TORCH)
+if(STRATA_HAVE_TORCH AND STRATA_SANITIZE)
+  # The sanitizer runtimes cannot see into the uninstrumented LibTorch (its
+  # thread pools and allocator give false reports); the adapter is tested
+  # in the normal build.
+  message(STATUS "LibTorch adapter off under STRATA_SANITIZE=${STRATA_SANITIZE}")
+elseif(STRATA_HAVE_TORCH)
   set(STRATA_TORCH_CMAKE_DIR "${STRATA_TORCH_DIR}/share/cmake")
   set(_key "${STRATA_TORCH_CMAKE_DIR}|${STRATA_TORCH_CUDA_ARCH_LIST}|${CMAKE_CXX_COMPILER}")
   if(NOT "${STRATA_TORCH_PROBE_KEY}" STREQUAL "${_key}")
