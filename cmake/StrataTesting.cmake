@@ -16,8 +16,18 @@ function(strata_add_gtest name)
   endif()
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE strata_testing GTest::gtest GTest::gmock GTest::gtest_main ${A_LIBS})
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-                       PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "unit;${A_LABELS}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS unit)
+  if(A_LABELS)
+    # gtest_discover_tests() cannot pass a list-valued property through to
+    # the tests it discovers (every label after the first is lost), so the
+    # extra labels are set by a file ctest reads after the discovered tests.
+    set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+    file(WRITE ${_labels_file}
+         "if(DEFINED ${name}_TESTS)\n"
+         "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"unit;${A_LABELS}\")\n"
+         "endif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_labels_file})
+  endif()
 endfunction()
 
 # strata_add_multirank_test(<name> NP <n> [TIMEOUT s] [FT] COMMAND cmd args...)

@@ -18,6 +18,7 @@ from .errors import (
     RankFailure,
     TopologyError,
 )
+from . import topology  # noqa: E402  (needs _strata loaded)
 
 __version__ = build_info()["version"]
 
@@ -28,6 +29,7 @@ __all__ = [
     "launch_env",
     "errors",
     "pipeline",
+    "topology",
     "Error",
     "InvalidArgument",
     "LaunchError",

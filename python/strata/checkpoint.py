@@ -1,0 +1,523 @@
+"""Async sharded checkpoints of PyTorch training state.
+
+A checkpoint is a directory per step of safetensors files plus a versioned,
+checksummed ``manifest.json``; ``latest`` names the newest committed one (see
+docs/checkpoint.md). Saving copies the tensors into staging memory and
+returns; a background thread writes, verifies and commits. A checkpoint is
+committed whole or not at all.
+
+    import strata.checkpoint as ckpt
+
+    ckpt.save({"model": model, "optimizer": opt, "sched": sched, "epoch": 3},
+              "/ckpt/run1", step=1000)                       # blocking save
+
+    saver = ckpt.AsyncCheckpointer("/ckpt/run1", keep_last=3)
+    for step in range(...):
+        train_step()
+        if step % 100 == 0:
+            saver.save({"model": model, "optimizer": opt}, step=step)  # returns after staging
+    saver.wait()
+
+    state = {"model": model, "optimizer": opt, "sched": sched, "epoch": 0}
+    ckpt.load("/ckpt/run1", state)          # in place: model, optimizer, scheduler, epoch
+    everything = ckpt.load("/ckpt/run1")    # or: a new nested dict of CPU tensors
+
+``state`` is a dict whose values may be tensors, ``nn.Module``\\ s, optimizers
+(Adam's ``exp_avg``/``exp_avg_sq``/``step`` included), LR schedulers or
+anything else with ``state_dict()``/``load_state_dict()``, and plain Python
+values (None, bool, int, float, str, bytes, lists, tuples, dicts). Tensor keys
+in the checkpoint are the dotted paths (``model.layer.weight``,
+``optimizer.state.0.exp_avg``); the structure around them is stored in the
+manifest and rebuilt exactly on load.
+
+``world=None`` means a single process. Passing a ``strata.World`` (multi-rank
+saves through a checkpoint communicator, resharding on load) is not available
+yet and raises ``NotImplementedError``.
+
+Errors raise :class:`strata.CheckpointError` (``code`` holds the canonical
+status: ``NOT_FOUND``, ``DATA_LOSS``, ``INVALID_ARGUMENT``, ...).
+"""
+
+import base64
+import json
+import math
+import random
+import warnings
+
+import torch
+
+from . import _strata
+from .errors import CheckpointError
+
+__all__ = [
+    "AsyncCheckpointer",
+    "CheckpointWarning",
+    "save",
+    "load",
+    "info",
+    "verify",
+    "latest_step",
+    "list_steps",
+    "load_safetensors",
+]
+
+# strata::DataType values.
+_DTYPES = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.int8: 4,
+    torch.uint8: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.int16: 8,
+    torch.bool: 9,
+}
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+# Version of the Python structure stored in the manifest's state.extra.
+_TREE_VERSION = 1
+_TREE_KEY = "strata.python"
+
+
+class CheckpointWarning(UserWarning):
+    """A background save failed (with ``on_failure="warn"``), or retention
+    could not remove an old checkpoint."""
+
+
+def _error(message, code="INVALID_ARGUMENT"):
+    e = CheckpointError(message)
+    e.code = code
+    return e
+
+
+def _no_world(world):
+    if world is not None:
+        raise NotImplementedError(
+            "strata.checkpoint with world= (multi-rank save and load) arrives with the MPI "
+            "communicator backend; pass world=None for a single process")
+
+
+# ---- the state tree ----------------------------------------------------------
+
+
+def _state_dict_of(obj):
+    """The state dict of a module, optimizer, scheduler, ...; None for plain values."""
+    if isinstance(obj, torch.nn.Module):
+        return obj.state_dict()
+    if hasattr(obj, "state_dict") and callable(obj.state_dict) and not isinstance(obj, type):
+        return obj.state_dict()
+    return None
+
+
+class _Flattener:
+    """Turns a state tree into JSON-able structure plus {key: tensor}."""
+
+    def __init__(self):
+        self.tensors = {}
+
+    def _key(self, path):
+        base = ".".join(path) if path else "tensor"
+        key, n = base, 1
+        while key in self.tensors:  # {"a.b": t, "a": {"b": u}} both map to "a.b"
+            key = f"{base}~{n}"
+            n += 1
+        return key
+
+    def encode(self, obj, path):
+        if isinstance(obj, torch.Tensor):
+            key = self._key(path)
+            self.tensors[key] = obj
+            return {"__tensor__": key}
+        sd = _state_dict_of(obj)
+        if sd is not None:
+            return self.encode(sd, path)
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int):
+            return obj if -(2**63) <= obj < 2**63 else {"__int__": str(obj)}
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, torch.Size):
+            return {"__tuple__": [int(d) for d in obj]}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: self.encode(v, path + [k]) for k, v in obj.items()}
+            return {"__dict__": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])]
+                                 for k, v in obj.items()]}
+        raise _error(f"cannot save {type(obj).__name__} at '{'.'.join(path) or '<root>'}': a "
+                     "checkpoint holds tensors, objects with state_dict(), and None, bool, int, "
+                     "float, str, bytes, list, tuple and dict")
+
+
+def _decode(node, tensors):
+    """Rebuilds a tree; tensors[key] supplies each tensor."""
+    if isinstance(node, list):
+        return [_decode(v, tensors) for v in node]
+    if isinstance(node, dict):
+        if len(node) == 1:
+            (k, v), = node.items()
+            if k == "__tensor__":
+                return tensors[v]
+            if k == "__tuple__":
+                return tuple(_decode(x, tensors) for x in v)
+            if k == "__dict__":
+                return {_decode(a, tensors): _decode(b, tensors) for a, b in v}
+            if k == "__int__":
+                return int(v)
+            if k == "__float__":
+                return float(v)
+            if k == "__bytes__":
+                return base64.b64decode(v)
+        return {k: _decode(v, tensors) for k, v in node.items()}
+    return node
+
+
+def _tensor_keys(node, out):
+    """Every tensor key referenced in a tree."""
+    if isinstance(node, list):
+        for v in node:
+            _tensor_keys(v, out)
+    elif isinstance(node, dict):
+        if len(node) == 1 and "__tensor__" in node:
+            out.append(node["__tensor__"])
+        else:
+            for v in node.values():
+                _tensor_keys(v, out)
+    return out
+
+
+def _shard(key, t):
+    """The binding's tuple for a whole tensor; returns (tuple, tensor kept alive)."""
+    if t.dtype not in _DTYPES:
+        raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold "
+                     f"(supported: {', '.join(str(d) for d in _DTYPES)})")
+    if t.layout != torch.strided or t.is_quantized:
+        raise _error(f"tensor '{key}' is not a dense tensor ({t.layout})")
+    if t.device.type not in ("cpu", "cuda"):
+        raise _error(f"tensor '{key}' is on {t.device}; checkpoints take CPU and CUDA tensors")
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    shape = list(t.shape)
+    return (key, _DTYPES[t.dtype], shape, shape, [0] * len(shape), 0, 1, t.data_ptr(),
+            t.is_cuda), t
+
+
+# ---- RNG ------------------------------------------------------------------------
+
+
+def _capture_rng():
+    states = {"torch.cpu": bytes(torch.get_rng_state().numpy().tobytes()),
+              "python": json.dumps(random.getstate()).encode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            states[f"torch.cuda:{i}"] = bytes(torch.cuda.get_rng_state(i).numpy().tobytes())
+    return states
+
+
+def _restore_rng(states):
+    if "torch.cpu" in states:
+        torch.set_rng_state(torch.frombuffer(bytearray(states["torch.cpu"]), dtype=torch.uint8))
+    if "python" in states:
+        v = json.loads(states["python"].decode())
+        random.setstate((v[0], tuple(v[1]), v[2]))
+    for name, b in states.items():
+        if name.startswith("torch.cuda:") and torch.cuda.is_available():
+            i = int(name.split(":", 1)[1])
+            if i < torch.cuda.device_count():
+                torch.cuda.set_rng_state(torch.frombuffer(bytearray(b), dtype=torch.uint8), i)
+
+
+# ---- saving -----------------------------------------------------------------------
+
+
+class AsyncCheckpointer:
+    """Saves asynchronously: :meth:`save` returns once the tensors are copied
+    into staging memory (reused across saves); a background thread writes and
+    commits. One save is in flight at a time: another :meth:`save` waits for it
+    (``on_busy="wait"``, up to ``busy_timeout`` seconds) or raises
+    (``on_busy="refuse"``). A failed background save never stops training: the
+    next :meth:`save` raises it (``on_failure="raise"``) or warns with a
+    :class:`CheckpointWarning` and goes on (``on_failure="warn"``); :meth:`wait`
+    raises it too.
+
+    Options: ``keep_last`` (keep the newest K checkpoints; the one ``latest``
+    names is never removed), ``checksum`` ("xxh3-128" or "sha256"),
+    ``chunk_bytes`` (checksum granularity), ``max_file_bytes`` (split a rank's
+    data into files of about this size), ``commit_timeout`` (seconds),
+    ``staging_threads``, ``io_priority`` ("low" or "normal"), ``rng`` (save the
+    torch and Python RNG states).
+
+    Thread-safe; use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, directory, *, world=None, keep_last=None, on_busy="wait",
+                 busy_timeout=1800.0, on_failure="raise", checksum="xxh3-128",
+                 chunk_bytes=16 << 20, max_file_bytes=None, commit_timeout=600.0,
+                 staging_threads=None, io_priority="low", rng=True, _fail_at=None):
+        _no_world(world)
+        self.directory = str(directory)
+        self._rng = rng
+        self._impl = _strata._Checkpointer(
+            self.directory, keep_last=keep_last or 0, checksum=checksum, chunk_bytes=chunk_bytes,
+            max_file_bytes=max_file_bytes or 0, on_busy=on_busy, busy_timeout=busy_timeout,
+            on_failure=on_failure, commit_timeout=commit_timeout,
+            staging_threads=staging_threads or 0, io_priority=io_priority, fail_at=_fail_at)
+
+    def _warn(self):
+        for message in self._impl.take_warnings():
+            warnings.warn(message, CheckpointWarning, stacklevel=3)
+
+    def save(self, state, *, step, optimizer_step=None, data_loader=None, mesh=None):
+        """Stages ``state`` as checkpoint ``step`` and starts writing it.
+
+        Returns once every tensor is copied: training may then change them.
+        ``optimizer_step`` (int) and ``data_loader`` (JSON-able position) are
+        recorded in the manifest's training state; ``mesh`` is a
+        ``strata.Mesh`` to record.
+        """
+        if not isinstance(state, dict):
+            raise _error(f"state must be a dict, not {type(state).__name__}")
+        flat = _Flattener()
+        tree = flat.encode(state, [])
+        shards, keep_alive = [], []
+        cuda = False
+        for key, t in flat.tensors.items():
+            s, t = _shard(key, t)
+            shards.append(s)
+            keep_alive.append(t)
+            cuda = cuda or t.is_cuda
+        extra = {_TREE_KEY: _TREE_VERSION, "tree": tree}
+        plain = {"extra": json.dumps(extra, allow_nan=False)}
+        if optimizer_step is not None:
+            plain["optimizer_step"] = int(optimizer_step)
+        if data_loader is not None:
+            plain["data_loader"] = json.dumps(data_loader)
+        if self._rng:
+            plain["rng_states"] = _capture_rng()
+        if mesh is not None:
+            plain["mesh"] = mesh.spec()
+        stream = torch.cuda.current_stream().cuda_stream if cuda else 0
+        try:
+            self._impl.save(int(step), shards, plain, stream)
+        finally:
+            self._warn()
+        del keep_alive  # staged: the tensors may change from here on
+
+    def wait(self, timeout=None):
+        """Blocks until no save is in flight (``timeout`` seconds at most, None:
+        no limit); raises the failure of the last save, once."""
+        try:
+            self._impl.wait(timeout)
+        finally:
+            self._warn()
+
+    def status(self):
+        """A dict: ``state`` ("idle", "staging", "writing"), ``step_in_flight``,
+        ``last_committed_step``, ``pending_error``, and the last save's
+        ``staging_seconds`` (time save() blocked), ``write_seconds``,
+        ``commit_seconds``, ``bytes_written``, ``files_written``."""
+        self._warn()
+        return self._impl.status()
+
+    def close(self, timeout=None):
+        """Waits for a save in flight and stops the writer thread."""
+        try:
+            self._impl.close(timeout)
+        finally:
+            self._warn()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def save(state, directory, *, step, world=None, **options):
+    """Saves ``state`` as checkpoint ``step`` in ``directory`` and waits until
+    it is committed. ``options`` are those of :class:`AsyncCheckpointer` and
+    ``optimizer_step``, ``data_loader``, ``mesh`` of its ``save``."""
+    save_kw = {k: options.pop(k) for k in ("optimizer_step", "data_loader", "mesh") if k in options}
+    with AsyncCheckpointer(directory, world=world, **options) as saver:
+        saver.save(state, step=step, **save_kw)
+        saver.wait()
+
+
+# ---- loading ----------------------------------------------------------------------
+
+
+def _open(directory, step, verify, read_buffer_bytes=64 << 20):
+    return _strata._CheckpointReader(str(directory), step=-1 if step is None else int(step),
+                                     verify=verify, read_buffer_bytes=read_buffer_bytes)
+
+
+def _tree(reader):
+    extra = reader.state(0)["extra"]
+    doc = json.loads(extra) if extra else {}
+    if isinstance(doc, dict) and doc.get(_TREE_KEY) == _TREE_VERSION:
+        return doc["tree"]
+    if isinstance(doc, dict) and _TREE_KEY in doc:
+        raise _error(f"the checkpoint's Python structure has version {doc[_TREE_KEY]}; this "
+                     f"strata reads version {_TREE_VERSION}", code="UNIMPLEMENTED")
+    # Saved by the C++ API: a flat dict of the tensors.
+    return {key: {"__tensor__": key} for key, _, _ in reader.tensors()}
+
+
+def _names(keys, limit=8):
+    keys = sorted(keys)
+    s = ", ".join(f"'{k}'" for k in keys[:limit])
+    return s + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def load(directory, state=None, *, step=None, world=None, verify=True, strict=True,
+         restore_rng=False):
+    """Loads checkpoint ``step`` (default: the one ``latest`` names).
+
+    With ``state=None``, returns the saved state as a new nested dict (tensors
+    on the CPU; modules and optimizers as their state dicts). With a ``state``
+    dict, loads into it and returns it: tensors and modules' parameters and
+    buffers in place (no extra copy for CPU tensors), optimizers and
+    schedulers through ``load_state_dict``, plain values replaced.
+
+    ``strict`` (default) requires every tensor of the given modules and
+    tensors to be in the checkpoint and no other tensor under their names,
+    and every entry of ``state`` to be in the checkpoint. ``verify`` checks the
+    checksums of what is read. ``restore_rng`` restores the torch and Python
+    RNG states saved with the checkpoint.
+    """
+    _no_world(world)
+    reader = _open(directory, step, verify)
+    tree = _tree(reader)
+    saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
+    tensors = {}   # key -> CPU tensor filled by the load
+    after = []     # (destination, cpu tensor) copies for non-CPU destinations
+
+    def fresh(key):
+        dtype, shape = saved[key]
+        t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+        tensors[key] = t
+        return t
+
+    if state is None:
+        for key in _tensor_keys(tree, []):
+            fresh(key)
+    else:
+        if not isinstance(state, dict):
+            raise _error(f"state must be a dict or None, not {type(state).__name__}")
+        if not isinstance(tree, dict):
+            raise _error("the checkpoint does not hold a dict at its root; load it with state=None")
+        missing_entries = [k for k in state if k not in tree]
+        if strict and missing_entries:
+            raise _error(f"entries {_names(missing_entries)} of state are not in checkpoint "
+                         f"step {reader.step} (strict=False skips them)", code="NOT_FOUND")
+        unexpected_entries = [k for k in tree if k not in state]
+        if strict and unexpected_entries:
+            raise _error(f"checkpoint step {reader.step} has entries {_names(unexpected_entries)} "
+                         "that state does not (strict=False ignores them)")
+        for name, obj in state.items():
+            if name not in tree:
+                continue
+            sub = tree[name]
+            saved_keys = set(_tensor_keys(sub, []))
+            if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+                flat = _Flattener()
+                want = flat.encode(obj, [name])
+                want_keys = _tensor_keys(want, [])
+                missing = [k for k in want_keys if k not in saved]
+                unexpected = saved_keys - set(want_keys)
+                if strict and missing:
+                    raise _error(f"{len(missing)} tensor(s) missing from checkpoint step "
+                                 f"{reader.step}: {_names(missing)} (strict=False skips them)",
+                                 code="NOT_FOUND")
+                if strict and unexpected:
+                    raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) "
+                                 f"under '{name}' that the state does not: {_names(unexpected)} "
+                                 "(strict=False ignores them)")
+                for key in want_keys:
+                    if key not in saved:
+                        continue
+                    dst = flat.tensors[key]
+                    if dst.device.type == "cpu" and dst.is_contiguous():
+                        tensors[key] = dst.detach()  # filled in place
+                    else:
+                        tmp = torch.empty(dst.shape, dtype=dst.dtype)
+                        tensors[key] = tmp
+                        after.append((dst, tmp))
+            else:
+                for key in saved_keys:
+                    fresh(key)
+    targets = []
+    for key, t in tensors.items():
+        if t.dtype not in _DTYPES:
+            raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold")
+        shape = list(t.shape)
+        targets.append((key, _DTYPES[t.dtype], shape, shape, [0] * len(shape), t.data_ptr()))
+    reader.load(targets)
+    if restore_rng:
+        _restore_rng(reader.state(0)["rng_states"])
+    if state is None:
+        return _decode(tree, tensors)
+    with torch.no_grad():
+        for dst, tmp in after:
+            dst.copy_(tmp)
+    for name, obj in list(state.items()):
+        if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
+            continue
+        value = _decode(tree[name], tensors)
+        if _state_dict_of(obj) is not None and hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(value)
+        else:
+            state[name] = value
+    return state
+
+
+def info(directory, *, step=None):
+    """What a checkpoint holds, without reading its data: a dict with
+    ``step``, ``created``, ``library_version``, ``world_size``, ``checksum``,
+    ``directory``, ``bytes``, ``files``, ``tensors`` ({key: (dtype, shape)}),
+    and the training state (``optimizer_step``, ``data_loader``, ``mesh``)."""
+    reader = _open(directory, step, verify=False)
+    d = reader.info()
+    d["tensors"] = {k: (_TORCH_DTYPES[t], tuple(s)) for k, t, s in reader.tensors()}
+    st = reader.state(0)
+    d["optimizer_step"] = None if st["optimizer_step"] < 0 else st["optimizer_step"]
+    d["data_loader"] = json.loads(st["data_loader"]) if st["data_loader"] else None
+    d["mesh"] = st["mesh"]
+    return d
+
+
+def verify(directory, *, step=None):
+    """Checks every file of a checkpoint (sizes, checksums, headers); returns
+    the list of problems found (empty when it is intact)."""
+    return _open(directory, step, verify=True).verify()
+
+
+def latest_step(directory):
+    """The step ``latest`` names, or None when there is no committed checkpoint."""
+    return _strata._latest_checkpoint_step(str(directory))
+
+
+def list_steps(directory):
+    """Steps with a complete checkpoint in ``directory``, ascending."""
+    return _strata._checkpoint_steps(str(directory))
+
+
+def load_safetensors(path):
+    """Reads a safetensors file (any writer's) with strata's hardened parser;
+    returns {name: CPU tensor}."""
+    f = _strata._SafetensorsFile(str(path))
+    out = {}
+    for name, dtype, shape in f.tensors():
+        t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+        f.read(name, t.data_ptr(), t.numel() * t.element_size())
+        out[name] = t
+    return out

@@ -1,0 +1,3 @@
+export NCCL_IB_GID_INDEX='3'
+export NCCL_PROTO="LL,Simple"  # x
+NCCL_ASYNC_ERROR_HANDLING=1
