@@ -66,7 +66,12 @@ INSTANTIATE_TEST_SUITE_P(All, EmbeddingTest,
                          ::testing::Combine(::testing::Values(1, 2, 4),
                                             ::testing::Values(DataType::kFloat32,
                                                               DataType::kBFloat16),
-                                            ::testing::Bool()));
+                                            ::testing::Bool()),
+                         [](const auto& i) {
+                           return absl::StrCat("tp", std::get<0>(i.param), "_",
+                                               DataTypeName(std::get<1>(i.param)),
+                                               std::get<2>(i.param) ? "_sp" : "");
+                         });
 
 class CrossEntropyTest
     : public ::testing::TestWithParam<std::tuple<int, DataType, double, int64_t>> {};
@@ -131,7 +136,12 @@ INSTANTIATE_TEST_SUITE_P(
     All, CrossEntropyTest,
     ::testing::Combine(::testing::Values(1, 2, 4),
                        ::testing::Values(DataType::kFloat32, DataType::kBFloat16),
-                       ::testing::Values(0.0, 0.1), ::testing::Values(int64_t{-100}, int64_t{3})));
+                       ::testing::Values(0.0, 0.1), ::testing::Values(int64_t{-100}, int64_t{3})),
+    [](const auto& i) {
+      return absl::StrCat("tp", std::get<0>(i.param), "_", DataTypeName(std::get<1>(i.param)),
+                          std::get<2>(i.param) > 0 ? "_smoothing" : "",
+                          std::get<3>(i.param) >= 0 ? "_ignore3" : "");
+    });
 
 // ---- errors -------------------------------------------------------------
 
