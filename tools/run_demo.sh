@@ -18,8 +18,10 @@ done
 here=$(cd "$(dirname "$0")/.." && pwd)
 case "$launcher" in
   mpirun)
-    cmd=("$mpirun" --allow-run-as-root --oversubscribe --bind-to none -np "$np"
-         python3 "$here/examples/demo/demo.py") ;;
+    # Waiting ranks yield their core by sleeping (see docs/mpi.md).
+    cmd=("$mpirun" --allow-run-as-root --oversubscribe --bind-to none
+         --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep
+         -np "$np" python3 "$here/examples/demo/demo.py") ;;
   *)
     echo "run_demo.sh: LAUNCHER=$launcher is not supported; use LAUNCHER=mpirun" >&2
     exit 2 ;;

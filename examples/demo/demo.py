@@ -1,13 +1,22 @@
 """The strata demo, launched on 8 CPU ranks by `make demo`.
 
 Shows every capability that exists so far:
-  0. what this machine looks like to NCCL, the NCCL profile for it and the
-     lint of the NCCL settings in force (rank 0, before anything else);
+  0. the machine's topology, the NCCL profile for it and the NCCL settings lint;
   1. the launch environment each rank detects;
-  2. the dp2 x tp2 x pp2 mesh: its groups, and each rank's coordinates.
+  2. the dp2 x tp2 x pp2 mesh: its groups, and each rank's coordinates;
+  3. the World: one communicator per group; every rank allreduces its rank
+     over each axis, and rank 0 prints what each group summed;
+  4. the bus bandwidth of a 64 MiB allreduce over all ranks.
 """
 
+import time
+
+import numpy as np
+
 import strata
+
+AXES = ["tp", "dp", "pp", "dp-cp", "tp-pp"]
+BUSBW_BYTES = 64 << 20
 
 
 def show_topology(env):
@@ -26,16 +35,63 @@ def show_topology(env):
           flush=True)
 
 
-def main():
-    env = strata.launch_env()
-    show_topology(env)
-    mesh = strata.Mesh(env.world_size, tp=2, pp=2, ranks_per_node=env.local_world_size)
+def show_mesh(env, mesh):
     if env.rank == 0:
         print(f"strata {strata.__version__} on {env.world_size} ranks via {env.launcher}", flush=True)
         print(mesh.describe(), flush=True)
     coords = mesh.coords(env.rank)
     print(f"[rank {env.rank}] {env} coords {coords} tp group {mesh.group_of(env.rank, 'tp')}",
           flush=True)
+
+
+def show_group_sums(world):
+    """Each rank allreduces its rank over each axis; rank 0 gathers every
+    rank's results and prints one line per group."""
+    mesh = world.mesh
+    mine = np.zeros(len(AXES), dtype=np.int64)
+    for i, axes in enumerate(AXES):
+        x = np.array([world.rank], dtype=np.int64)
+        world.group(axes).allreduce(x)
+        mine[i] = x[0]
+    everyone = np.zeros((world.size, len(AXES)), dtype=np.int64)
+    world.group().allgather(everyone, mine)
+    if world.rank != 0:
+        return
+    print("\nallreduce(sum) of each rank's number over its groups:", flush=True)
+    for i, axes in enumerate(AXES):
+        for members in mesh.groups(axes):
+            got = {int(everyone[r, i]) for r in members}
+            want = sum(members)
+            status = "ok" if got == {want} else f"WRONG (expected {want})"
+            print(f"  {axes:6s} group {members}: sum = {sorted(got)[0]} {status}", flush=True)
+
+
+def show_busbw(world):
+    g = world.group()
+    x = np.ones(BUSBW_BYTES // 4, dtype=np.float32)
+    g.allreduce(x)  # warm-up
+    iters = 5
+    g.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        g.allreduce(x)
+    elapsed = np.array([(time.perf_counter() - start) / iters])
+    g.allreduce(elapsed, op="max")
+    n = world.size
+    algbw = BUSBW_BYTES / elapsed[0] / 1e9
+    if world.rank == 0:
+        print(f"\nallreduce of 64 MiB over {n} ranks: {elapsed[0] * 1e3:.1f} ms, "
+              f"algbw {algbw:.2f} GB/s, busbw {algbw * 2 * (n - 1) / n:.2f} GB/s", flush=True)
+
+
+def main():
+    env = strata.launch_env()
+    show_topology(env)
+    mesh = strata.Mesh(env.world_size, tp=2, pp=2, ranks_per_node=env.local_world_size)
+    show_mesh(env, mesh)
+    with strata.init(mesh, timeout=300) as world:
+        show_group_sums(world)
+        show_busbw(world)
 
 
 if __name__ == "__main__":

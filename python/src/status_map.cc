@@ -11,6 +11,11 @@ namespace {
 const char* ExceptionName(const absl::Status& status, ErrorArea area) {
   // Payload set by the communication layer when a peer rank has failed.
   if (status.GetPayload("strata/rank-failure").has_value()) return "RankFailure";
+  // Misuse detected by the communication layer is a ValueError, not a
+  // communication failure.
+  if (area == ErrorArea::kComm && status.code() == absl::StatusCode::kInvalidArgument) {
+    return "InvalidArgument";
+  }
   switch (area) {
     case ErrorArea::kLaunch:
       return "LaunchError";

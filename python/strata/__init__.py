@@ -6,7 +6,8 @@ in-process recovery from failed ranks. See README.md and docs/.
 """
 
 from . import errors, pipeline
-from ._strata import LaunchEnv, Mesh, build_info, launch_env
+from ._strata import LaunchEnv, Mesh, available_backends, build_info, launch_env
+from .comm import Group, Work, World, init
 from .errors import (
     CheckpointError,
     CommError,
@@ -23,6 +24,11 @@ from . import topology  # noqa: E402  (needs _strata loaded)
 __version__ = build_info()["version"]
 
 __all__ = [
+    "init",
+    "World",
+    "Group",
+    "Work",
+    "available_backends",
     "LaunchEnv",
     "Mesh",
     "build_info",

@@ -25,7 +25,13 @@ done
 
 export STRATA_TEST_NP=$np
 # --bind-to none: ranks outnumber cores here; binding would pile them up.
+# Idle ranks must give their core away instead of spinning: MPI yields in
+# its progress loop (mpi_yield_when_idle, on by default only when mpirun
+# sees more ranks than slots) and yields by sleeping (nanosleep) rather
+# than with sched_yield, which hands the core straight back on a busy
+# machine. See docs/mpi.md.
 timeout --kill-after=15 "$limit" "$mpirun" --allow-run-as-root --oversubscribe --bind-to none \
+  --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep \
   "${ft[@]}" -np "$np" "$@"
 rc=$?
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

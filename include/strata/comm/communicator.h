@@ -51,6 +51,12 @@ namespace strata {
 
 enum class ReduceOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
 
+// The payload key (absl::Status::GetPayload) a backend sets on an error
+// caused by a failed peer rank. Its value lists the failed ranks of the
+// group, comma-separated ("2,5"), or is empty when the backend cannot tell.
+// The Python layer raises strata.RankFailure for such errors.
+inline constexpr char kRankFailurePayload[] = "strata/rank-failure";
+
 // "sum", "prod", "min", "max", "avg".
 STRATA_EXPORT const char* ReduceOpName(ReduceOp op);
 // Parses the names above. InvalidArgument names the unknown string.

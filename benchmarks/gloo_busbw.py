@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The peer of comm_busbw: torch.distributed with the gloo backend, same
+operations, sizes, iteration counts and output format (nccl-tests columns).
+
+Launched by run_busbw.py under mpirun (ranks from OMPI_COMM_WORLD_*; the
+rendezvous port from MASTER_PORT):
+
+    MASTER_PORT=29500 mpirun -np 4 python3 benchmarks/gloo_busbw.py --op allreduce
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def parse_bytes(s):
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
+    return int(s[:-1] if mult != 1 else s) * mult
+
+
+def iters_for(bytes_, fixed):
+    if fixed:
+        return fixed
+    return max(5, min(100, (256 << 20) // max(bytes_, 1)))
+
+
+def bus_factor(op, n):
+    if op == "allreduce":
+        return 2.0 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+def run_once(op, a, b, rank, n):
+    if op == "allreduce":
+        # gloo reduces in place; no copy is charged to it (strata's figure is
+        # out of place, so the comparison does not favour strata).
+        dist.all_reduce(b)
+    elif op == "allgather":
+        per = b.numel() // n
+        dist.all_gather_into_tensor(b[:per * n], a[:per])
+    elif op == "reduce_scatter":
+        per = a.numel() // n
+        dist.reduce_scatter_tensor(b[:per], a[:per * n])
+    elif op == "broadcast":
+        dist.broadcast(b, src=0)
+    elif op == "alltoall":
+        dist.all_to_all_single(b, a)
+    elif op == "sendrecv":
+        reqs = [dist.irecv(b, (rank - 1) % n), dist.isend(a, (rank + 1) % n)]
+        for r in reqs:
+            r.wait()
+    else:
+        raise SystemExit(f"unknown op {op}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--op", default="allreduce,allgather,reduce_scatter,broadcast,alltoall,sendrecv")
+    ap.add_argument("--min-bytes", default="4K")
+    ap.add_argument("--max-bytes", default="64M")
+    ap.add_argument("--iters", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    n = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    port = os.environ.get("MASTER_PORT", "29500")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n)
+    if rank == 0:
+        print(f"# gloo_busbw: {n} ranks, torch {torch.__version__} gloo, dtype float, op sum, "
+              "out-of-place", flush=True)
+        print("#%11s %12s %6s %15s %10s %10s %10s %6s" % ("size", "count", "type", "op", "time",
+                                                        "algbw", "busbw", "#wrong"))
+    lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
+    for op in args.op.split(","):
+        size = lo
+        while size <= hi:
+            count = size // 4
+            count -= count % n
+            a = (torch.arange(count, dtype=torch.float32) + rank) % 5
+            b = torch.zeros(count, dtype=torch.float32)
+            for _ in range(args.warmup):
+                run_once(op, a, b, rank, n)
+            iters = iters_for(size, args.iters)
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(iters):
+                run_once(op, a, b, rank, n)
+            us = torch.tensor([(time.perf_counter() - start) / iters * 1e6], dtype=torch.float64)
+            dist.all_reduce(us, op=dist.ReduceOp.MAX)
+            t = us.item()
+            nbytes = count * 4
+            algbw = nbytes / (t * 1e-6) / 1e9
+            if rank == 0:
+                print("%12d %12d %6s %15s %10.1f %10.3f %10.3f %6d" % (
+                    nbytes, count, "float", op, t, algbw, algbw * bus_factor(op, n), -1),
+                    flush=True)
+            size *= 2
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

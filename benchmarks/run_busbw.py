@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Bus bandwidth of strata's MPI backend against torch.distributed with
+gloo, on the same CPU ranks, in one go.
+
+    python3 benchmarks/run_busbw.py [--build build] [--np 4] [--repeats 2]
+
+Runs build/benchmarks/comm_busbw (strata) and benchmarks/gloo_busbw.py
+(gloo) under mpirun with the same flags, alternately, `--repeats` times
+each, and keeps each side's best busbw per operation and size (the machine
+is shared, so the best of a few runs is the least disturbed one). Writes
+benchmarks/results/busbw.json and the table in benchmarks/RESULTS.md:
+one row per operation and size, ratio = strata busbw / gloo busbw, target
+>= 1.5 from 1 MiB up (issue 3).
+"""
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_util  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+OPS = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv"]
+# As tests/tools/run_multirank.sh: ranks that wait yield their core by
+# sleeping, which matters when ranks outnumber cores (docs/mpi.md).
+MPI_FLAGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+             "--mca", "mpi_yield_when_idle", "1",
+             "--mca", "threads_pthreads_yield_strategy", "nanosleep"]
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(-?\d+)")
+
+
+def mpirun_path(build):
+    cache = os.path.join(build, "CMakeCache.txt")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            for line in f:
+                if line.startswith("STRATA_MPI_HOME:"):
+                    home = line.split("=", 1)[1].strip()
+                    candidate = os.path.join(home, "bin", "mpirun")
+                    if os.path.exists(candidate):
+                        return candidate
+    candidate = os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun")
+    return candidate if os.path.exists(candidate) else shutil.which("mpirun")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout + out.stderr)
+        raise SystemExit(f"run_busbw: {' '.join(cmd[:8])} ... failed ({out.returncode})")
+    return out.stdout
+
+
+def parse(text):
+    """{(op, bytes): busbw}"""
+    rows = {}
+    for line in text.splitlines():
+        m = ROW.match(line)
+        if m:
+            rows[(m.group(4), int(m.group(1)))] = float(m.group(7))
+    return rows
+
+
+def best(into, rows):
+    for key, v in rows.items():
+        into[key] = max(into.get(key, 0.0), v)
+
+
+def human(nbytes):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--np", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--min-bytes", default="4K")
+    ap.add_argument("--max-bytes", default="64M")
+    ap.add_argument("--ops", default=",".join(OPS))
+    args = ap.parse_args()
+    mpirun = mpirun_path(args.build)
+    binary = os.path.join(args.build, "benchmarks", "comm_busbw")
+    if not mpirun or not os.path.exists(binary):
+        raise SystemExit(f"run_busbw: need mpirun ({mpirun}) and {binary}; build first")
+    sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
+    strata_cmd = [mpirun, *MPI_FLAGS, "-np", str(args.np), binary, "--op", args.ops, *sizes]
+    gloo_cmd = [mpirun, *MPI_FLAGS, "-np", str(args.np), sys.executable,
+                os.path.join(HERE, "gloo_busbw.py"), "--op", args.ops, *sizes]
+    strata_best, gloo_best = {}, {}
+    for i in range(args.repeats):
+        print(f"run {i + 1}/{args.repeats}: strata", flush=True)
+        best(strata_best, parse(run(strata_cmd)))
+        print(f"run {i + 1}/{args.repeats}: gloo", flush=True)
+        env = dict(os.environ, MASTER_PORT=str(free_port()))
+        best(gloo_best, parse(run(gloo_cmd, env)))
+
+    rows = []
+    print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'gloo':>8s} {'ratio':>6s}   (busbw GB/s)")
+    for op in args.ops.split(","):
+        for (o, nbytes) in sorted(k for k in strata_best if k[0] == op):
+            s, g = strata_best[(o, nbytes)], gloo_best.get((o, nbytes))
+            target = ">= 1.5" if nbytes >= (1 << 20) else None
+            rows.append({"case": f"{op} {human(nbytes)}", "metric": "busbw", "unit": "GB/s",
+                         "strata": s, "peer": "torch.distributed gloo", "peer_value": g,
+                         "target": target})
+            ratio = s / g if g else float("nan")
+            print(f"{op:15s} {human(nbytes):>9s} {s:8.3f} {g or 0:8.3f} {ratio:6.2f}")
+    command = f"python3 benchmarks/run_busbw.py --np {args.np} --repeats {args.repeats}"
+    notes = (f"{args.np} CPU ranks on one host under mpirun ({' '.join(MPI_FLAGS)}); fp32 sum; "
+             "strata: comm_busbw (out of place, each op started and waited); gloo: "
+             "benchmarks/gloo_busbw.py (torch.distributed, in place where gloo is). Best of "
+             f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors.")
+    path = bench_util.write_results("busbw", command, rows, notes=notes)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()

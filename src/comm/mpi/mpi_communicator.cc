@@ -1,0 +1,541 @@
+// Collectives and point-to-point operations of the MPI backend. Structure
+// and fault handling (root creation, Split, Shrink, Revoke, Abort) are in
+// mpi_structure.cc.
+#include "comm/mpi/mpi_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/mpi/half_reduce.h"
+#include "strata/base/status.h"
+
+namespace strata::mpi {
+namespace {
+
+using comm_internal::DescribeOp;
+
+// Tags of the point-to-point messages on the operations communicator.
+constexpr int kUserTag = 0;
+constexpr int kAllToAllTag = 1;
+
+class MpiWork final : public Work {
+ public:
+  explicit MpiWork(std::shared_ptr<Op> op) : op_(std::move(op)) {}
+  absl::Status Wait(absl::Time deadline) override { return op_->Wait(deadline); }
+  absl::StatusOr<bool> Test() override { return op_->Test(); }
+  std::string Describe() const override { return op_->description(); }
+
+ private:
+  std::shared_ptr<Op> op_;
+};
+
+size_t Bytes(size_t count, DataType t) { return count * DataTypeSize(t); }
+
+char* At(void* base, size_t elements, DataType t) {
+  return static_cast<char*>(base) + Bytes(elements, t);
+}
+
+const char* At(const void* base, size_t elements, DataType t) {
+  return static_cast<const char*>(base) + Bytes(elements, t);
+}
+
+// Calls fn(offset, count) for consecutive chunks of at most `limit` of `n`
+// elements; n == 0 still makes one (empty) call, so that every rank issues
+// the same MPI calls.
+template <typename F>
+absl::Status ForChunks(size_t n, size_t limit, F&& fn) {
+  if (n == 0) return fn(size_t{0}, 0);
+  for (size_t offset = 0; offset < n; offset += limit) {
+    STRATA_RETURN_IF_ERROR(fn(offset, static_cast<int>(std::min(limit, n - offset))));
+  }
+  return absl::OkStatus();
+}
+
+// `count` contiguous elements whose extent is `stride` elements: one chunk
+// of each rank's block when a block is larger than one MPI call may carry.
+absl::StatusOr<MPI_Datatype> StridedChunk(DataType dtype, int count, size_t stride) {
+  MPI_Datatype contiguous = MPI_DATATYPE_NULL, resized = MPI_DATATYPE_NULL;
+  int rc = MPI_Type_contiguous(count, MpiType(dtype), &contiguous);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Type_create_resized(contiguous, 0, static_cast<MPI_Aint>(Bytes(stride, dtype)),
+                                 &resized);
+    MPI_Type_free(&contiguous);
+  }
+  if (rc == MPI_SUCCESS) rc = MPI_Type_commit(&resized);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, MPI_COMM_NULL, "building a strided MPI datatype");
+  return resized;
+}
+
+// A copy of `bytes` bytes of `data` owned by `op`, for the in-place forms
+// of the split-up (large-count) algorithms, which cannot use MPI_IN_PLACE.
+const char* Stage(Op& op, const void* data, size_t bytes) {
+  op.scratch.emplace_back(bytes);
+  if (bytes != 0) std::memcpy(op.scratch.back().data(), data, bytes);
+  return op.scratch.back().data();
+}
+
+// True when `bytes` reach a size threshold of MpiOptions (0: never).
+bool AtLeast(size_t bytes, size_t threshold) { return threshold != 0 && bytes >= threshold; }
+
+bool CanMove(DataType) { return true; }
+bool CanReduce(DataType t) { return t != DataType::kBool; }
+
+}  // namespace
+
+MPI_Datatype MpiType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return MPI_FLOAT;
+    case DataType::kFloat64:
+      return MPI_DOUBLE;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return MPI_UINT16_T;
+    case DataType::kInt8:
+      return MPI_INT8_T;
+    case DataType::kUInt8:
+      return MPI_UINT8_T;
+    case DataType::kInt32:
+      return MPI_INT32_T;
+    case DataType::kInt64:
+      return MPI_INT64_T;
+    case DataType::kInt16:
+      return MPI_INT16_T;
+    case DataType::kBool:
+      return MPI_C_BOOL;
+  }
+  STRATA_CHECK(false, "MpiType of dtype value ", static_cast<int>(dtype));
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op MpiReduceOp(DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kFloat16 || dtype == DataType::kBFloat16) return HalfReduceOp(dtype, op);
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kProd:
+      return MPI_PROD;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+  }
+  STRATA_CHECK(false, "MpiReduceOp of op value ", static_cast<int>(op));
+  return MPI_OP_NULL;
+}
+
+const comm_internal::Capabilities& MpiCapabilities() {
+  static const comm_internal::Capabilities caps{&CanMove, &CanReduce};
+  return caps;
+}
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<Engine> engine, std::shared_ptr<CommState> state,
+                                 absl::Duration timeout)
+    : engine_(std::move(engine)), state_(std::move(state)), timeout_(timeout) {}
+
+comm_internal::GroupInfo MpiCommunicator::info() const {
+  return comm_internal::GroupInfo{state_->name(), state_->rank(), state_->size(),
+                                  state_->world_rank()};
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Start(
+    const std::string& what, const OpOptions& options,
+    const std::function<absl::Status(Op&)>& start) {
+  if (options.timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " on ", state_->where(), ": timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   " is negative"));
+  }
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
+  std::lock_guard<std::mutex> lock(state_->issue_mu());
+  const std::string description = absl::StrCat(what, " on ", state_->where());
+  STRATA_RETURN_IF_ERROR(state_->CheckUsable(description));
+  auto op =
+      std::make_shared<Op>(description, state_, absl::Now() + timeout, timeout, engine_->wakeup());
+  absl::Status started = start(*op);
+  if (!started.ok()) {
+    // Calls that did start (earlier chunks) finish in the background.
+    if (started.code() == absl::StatusCode::kAborted ||
+        started.code() == absl::StatusCode::kUnavailable) {
+      state_->SetFailed(started);
+    }
+    engine_->Adopt(std::move(op));
+    return started;
+  }
+  engine_->Submit(op);
+  return std::unique_ptr<Work>(new MpiWork(std::move(op)));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllReduce(ConstBuffer send, Buffer recv,
+                                                                 ReduceOp op,
+                                                                 const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateAllReduce(info(), send, recv, op, MpiCapabilities()));
+  const std::string what = DescribeOp("allreduce", ReduceOpName(op), recv);
+  const bool in_place = send.data == recv.data;
+  const size_t limit = engine_->max_elements_per_call();
+  const int size = state_->size();
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(recv.dtype);
+    const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
+    if (op == ReduceOp::kAvg) {
+      o.finish = [recv, size](absl::Span<const MPI_Status>) {
+        DivideInPlace(recv.dtype, recv.data, recv.count, size);
+        return absl::OkStatus();
+      };
+    }
+    auto start = [&]() {
+      return ForChunks(recv.count, limit, [&](size_t off, int n) {
+        MPI_Request r;
+        const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
+        int rc =
+            MPI_Iallreduce(s, At(recv.data, off, recv.dtype), n, type, mpi_op, state_->comm(), &r);
+        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+        o.requests.push_back(r);
+        return absl::OkStatus();
+      });
+    };
+    if (AtLeast(Bytes(recv.count, recv.dtype), engine_->options().ring_allreduce_min_bytes)) {
+      return WithNbcAlgorithm(NbcCollective::kIallreduce, kNbcAllreduceRing, start);
+    }
+    return start();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Broadcast(Buffer buffer, int root,
+                                                                 const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateBroadcast(info(), buffer, root, MpiCapabilities()));
+  const std::string what = DescribeOp("broadcast", absl::StrCat("root ", root), buffer);
+  const size_t limit = engine_->max_elements_per_call();
+  return Start(what, options, [&](Op& o) {
+    return ForChunks(buffer.count, limit, [&](size_t off, int n) {
+      MPI_Request r;
+      int rc = MPI_Ibcast(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), root,
+                          state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Reduce(ConstBuffer send, Buffer recv,
+                                                              ReduceOp op, int root,
+                                                              const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateReduce(info(), send, recv, op, root, MpiCapabilities()));
+  const std::string what =
+      DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send);
+  const bool is_root = state_->rank() == root;
+  const bool in_place = is_root && send.data == recv.data;
+  const size_t limit = engine_->max_elements_per_call();
+  const int size = state_->size();
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(send.dtype);
+    const MPI_Op mpi_op = MpiReduceOp(send.dtype, op);
+    if (op == ReduceOp::kAvg && is_root) {
+      o.finish = [recv, size](absl::Span<const MPI_Status>) {
+        DivideInPlace(recv.dtype, recv.data, recv.count, size);
+        return absl::OkStatus();
+      };
+    }
+    auto start = [&]() {
+      return ForChunks(send.count, limit, [&](size_t off, int n) {
+        MPI_Request r;
+        const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
+        void* d = is_root ? At(recv.data, off, recv.dtype) : nullptr;
+        int rc = MPI_Ireduce(s, d, n, type, mpi_op, root, state_->comm(), &r);
+        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+        o.requests.push_back(r);
+        return absl::OkStatus();
+      });
+    };
+    // Every rank must pick the same algorithm: decide on the send size.
+    if (AtLeast(Bytes(send.count, send.dtype), engine_->options().binomial_reduce_min_bytes)) {
+      return WithNbcAlgorithm(NbcCollective::kIreduce, kNbcReduceBinomial, start);
+    }
+    return start();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllGather(ConstBuffer send, Buffer recv,
+                                                                 const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(info(), send, recv, MpiCapabilities()));
+  const std::string what = DescribeOp("allgather", "", send);
+  const size_t limit = engine_->max_elements_per_call();
+  const size_t block = send.count;
+  const bool in_place =
+      send.data != nullptr && send.data == At(recv.data, block * rank(), recv.dtype);
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(send.dtype);
+    if (block <= limit) {
+      MPI_Request r;
+      const void* s = in_place ? MPI_IN_PLACE : send.data;
+      int rc = MPI_Iallgather(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
+                              type, state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    }
+    // Blocks larger than one call: gather chunk by chunk, each landing in
+    // every rank's block through a datatype whose extent is one block.
+    const char* source = in_place ? Stage(o, send.data, Bytes(block, send.dtype))
+                                  : static_cast<const char*>(send.data);
+    return ForChunks(block, limit, [&](size_t off, int n) {
+      STRATA_ASSIGN_OR_RETURN(MPI_Datatype strided, StridedChunk(recv.dtype, n, block));
+      MPI_Request r;
+      int rc = MPI_Iallgather(At(source, off, send.dtype), n, type, At(recv.data, off, recv.dtype),
+                              1, strided, state_->comm(), &r);
+      MPI_Type_free(&strided);  // MPI keeps it until the request completes
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer send, Buffer recv,
+                                                                     ReduceOp op,
+                                                                     const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateReduceScatter(info(), send, recv, op, MpiCapabilities()));
+  const std::string what = DescribeOp("reduce_scatter", ReduceOpName(op), recv);
+  const size_t limit = engine_->max_elements_per_call();
+  const size_t block = recv.count;
+  const bool in_place = send.data == recv.data;
+  const int size = state_->size();
+  const int me = state_->rank();
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(recv.dtype);
+    const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
+    if (op == ReduceOp::kAvg) {
+      o.finish = [recv, size](absl::Span<const MPI_Status>) {
+        DivideInPlace(recv.dtype, recv.data, recv.count, size);
+        return absl::OkStatus();
+      };
+    }
+    const MpiOptions& tuning = engine_->options();
+    const bool per_root =
+        AtLeast(Bytes(block, recv.dtype), tuning.per_root_reduce_scatter_min_bytes) &&
+        size <= tuning.per_root_reduce_scatter_max_ranks;
+    if (block <= limit && !per_root) {
+      MPI_Request r;
+      const void* s = in_place ? MPI_IN_PLACE : send.data;
+      int rc = MPI_Ireduce_scatter_block(s, recv.data, static_cast<int>(block), type, mpi_op,
+                                         state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    }
+    // One binomial reduce per destination rank (and chunk), all in flight:
+    // for blocks larger than one MPI call (MPI has no strided
+    // reduce-scatter), and for large blocks in small groups, where it beats
+    // libnbc's reduce-scatter by 2-3x on shared memory (docs/mpi.md).
+    const char* source = in_place ? Stage(o, send.data, Bytes(send.count, send.dtype))
+                                  : static_cast<const char*>(send.data);
+    return WithNbcAlgorithm(NbcCollective::kIreduce, kNbcReduceBinomial, [&]() {
+      return ForChunks(block, limit, [&](size_t off, int n) {
+        for (int root = 0; root < size; ++root) {
+          MPI_Request r;
+          void* d = root == me ? At(recv.data, off, recv.dtype) : nullptr;
+          int rc = MPI_Ireduce(At(source, block * root + off, send.dtype), d, n, type, mpi_op, root,
+                               state_->comm(), &r);
+          if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+          o.requests.push_back(r);
+        }
+        return absl::OkStatus();
+      });
+    });
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAll(ConstBuffer send, Buffer recv,
+                                                                const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(info(), send, recv, MpiCapabilities()));
+  const std::string what = DescribeOp("all_to_all", "", send);
+  const size_t limit = engine_->max_elements_per_call();
+  const size_t block = send.count / static_cast<size_t>(state_->size());
+  const bool in_place = send.data == recv.data && send.count != 0;
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(send.dtype);
+    if (block <= limit) {
+      MPI_Request r;
+      const void* s = in_place ? MPI_IN_PLACE : send.data;
+      int rc = MPI_Ialltoall(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
+                             type, state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    }
+    const char* source = in_place ? Stage(o, send.data, Bytes(send.count, send.dtype))
+                                  : static_cast<const char*>(send.data);
+    return ForChunks(block, limit, [&](size_t off, int n) {
+      STRATA_ASSIGN_OR_RETURN(MPI_Datatype strided, StridedChunk(send.dtype, n, block));
+      MPI_Request r;
+      int rc = MPI_Ialltoall(At(source, off, send.dtype), 1, strided,
+                             At(recv.data, off, recv.dtype), 1, strided, state_->comm(), &r);
+      MPI_Type_free(&strided);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
+                                                                 const AllToAllCounts& counts,
+                                                                 const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateAllToAllV(info(), send, recv, counts, MpiCapabilities()));
+  const std::string what = DescribeOp("all_to_all_v", "", send);
+  const size_t limit = engine_->max_elements_per_call();
+  const bool in_place = send.data == recv.data && send.count != 0;
+  const int size = state_->size();
+  const int me = state_->rank();
+  return Start(what, options, [&](Op& o) {
+    const MPI_Datatype type = MpiType(send.dtype);
+    if (send.count <= limit && recv.count <= limit) {
+      // Every count and displacement fits MPI's int.
+      o.int_scratch.resize(4, std::vector<int>(static_cast<size_t>(size)));
+      std::vector<int>& sc = o.int_scratch[0];
+      std::vector<int>& sd = o.int_scratch[1];
+      std::vector<int>& rc_ = o.int_scratch[2];
+      std::vector<int>& rd = o.int_scratch[3];
+      size_t s_off = 0, r_off = 0;
+      for (size_t i = 0; i < static_cast<size_t>(size); ++i) {
+        sc[i] = static_cast<int>(counts.send_counts[i]);
+        sd[i] = static_cast<int>(s_off);
+        rc_[i] = static_cast<int>(counts.recv_counts[i]);
+        rd[i] = static_cast<int>(r_off);
+        s_off += counts.send_counts[i];
+        r_off += counts.recv_counts[i];
+      }
+      // Open MPI 5.0.11's MPI_Ialltoallv delivers wrong blocks with
+      // MPI_IN_PLACE (seen on 4 ranks; docs/mpi.md), so the in-place form
+      // sends from a staged copy instead.
+      const void* source =
+          in_place ? Stage(o, send.data, Bytes(send.count, send.dtype)) : send.data;
+      MPI_Request r;
+      int rc = MPI_Ialltoallv(source, sc.data(), sd.data(), type, recv.data, rc_.data(), rd.data(),
+                              type, state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    }
+    // Larger than MPI's int counts: point-to-point messages per peer,
+    // chunked. Receives first, then sends; the own block is a copy.
+    const char* source = in_place ? Stage(o, send.data, Bytes(send.count, send.dtype))
+                                  : static_cast<const char*>(send.data);
+    std::vector<size_t> s_disp(static_cast<size_t>(size)), r_disp(static_cast<size_t>(size));
+    for (size_t i = 1; i < static_cast<size_t>(size); ++i) {
+      s_disp[i] = s_disp[i - 1] + counts.send_counts[i - 1];
+      r_disp[i] = r_disp[i - 1] + counts.recv_counts[i - 1];
+    }
+    for (int p = 0; p < size; ++p) {
+      if (p == me) continue;
+      const size_t n = counts.recv_counts[static_cast<size_t>(p)];
+      if (n == 0) continue;
+      STRATA_RETURN_IF_ERROR(ForChunks(n, limit, [&](size_t off, int c) {
+        MPI_Request r;
+        int rc = MPI_Irecv(At(recv.data, r_disp[static_cast<size_t>(p)] + off, recv.dtype), c, type,
+                           p, kAllToAllTag, state_->comm(), &r);
+        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+        o.requests.push_back(r);
+        return absl::OkStatus();
+      }));
+    }
+    for (int p = 0; p < size; ++p) {
+      if (p == me) continue;
+      const size_t n = counts.send_counts[static_cast<size_t>(p)];
+      if (n == 0) continue;
+      STRATA_RETURN_IF_ERROR(ForChunks(n, limit, [&](size_t off, int c) {
+        MPI_Request r;
+        int rc = MPI_Isend(At(source, s_disp[static_cast<size_t>(p)] + off, send.dtype), c, type, p,
+                           kAllToAllTag, state_->comm(), &r);
+        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+        o.requests.push_back(r);
+        return absl::OkStatus();
+      }));
+    }
+    const size_t own = counts.send_counts[static_cast<size_t>(me)];
+    if (own != 0 && !in_place) {
+      std::memmove(At(recv.data, r_disp[static_cast<size_t>(me)], recv.dtype),
+                   At(source, s_disp[static_cast<size_t>(me)], send.dtype), Bytes(own, send.dtype));
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Barrier(const OpOptions& options) {
+  return Start(DescribeOp("barrier", ""), options, [&](Op& o) {
+    MPI_Request r;
+    int rc = MPI_Ibarrier(state_->comm(), &r);
+    if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+    o.requests.push_back(r);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Send(ConstBuffer buffer, int peer,
+                                                            const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidatePeer(info(), "send", buffer, peer, MpiCapabilities()));
+  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
+  const size_t limit = engine_->max_elements_per_call();
+  return Start(what, options, [&](Op& o) {
+    return ForChunks(buffer.count, limit, [&](size_t off, int n) {
+      MPI_Request r;
+      int rc = MPI_Isend(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
+                         kUserTag, state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      return absl::OkStatus();
+    });
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Recv(Buffer buffer, int peer,
+                                                            const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidatePeer(info(), "recv", buffer, peer, MpiCapabilities()));
+  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
+  const size_t limit = engine_->max_elements_per_call();
+  return Start(what, options, [&](Op& o) {
+    std::vector<int> expected;
+    absl::Status s = ForChunks(buffer.count, limit, [&](size_t off, int n) {
+      MPI_Request r;
+      int rc = MPI_Irecv(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
+                         kUserTag, state_->comm(), &r);
+      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
+      o.requests.push_back(r);
+      expected.push_back(n);
+      return absl::OkStatus();
+    });
+    // A shorter message than the buffer is not an MPI error; it is ours.
+    const std::string description = o.description();
+    const DataType dtype = buffer.dtype;
+    o.finish = [expected, description, dtype](absl::Span<const MPI_Status> statuses) {
+      size_t got = 0, want = 0;
+      for (size_t i = 0; i < statuses.size(); ++i) {
+        int n = 0;
+        MPI_Get_count(&statuses[i], MpiType(dtype), &n);
+        got += static_cast<size_t>(n);
+        want += static_cast<size_t>(expected[i]);
+      }
+      if (got != want) {
+        return absl::InvalidArgumentError(absl::StrCat(description, ": received ", got, " x ",
+                                                       DataTypeName(dtype), ", expected ", want,
+                                                       " (the sender sent a different count)"));
+      }
+      return absl::OkStatus();
+    };
+    return s;
+  });
+}
+
+}  // namespace strata::mpi

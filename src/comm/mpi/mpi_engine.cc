@@ -1,0 +1,464 @@
+#include "comm/mpi/mpi_engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "strata/base/status.h"
+
+namespace strata::mpi {
+namespace {
+
+// Errors after which the communicator cannot be used any more: a lost
+// peer, a revocation, a passed deadline.
+bool BreaksCommunicator(const absl::Status& status) {
+  return status.GetPayload(kRankFailurePayload).has_value() ||
+         status.code() == absl::StatusCode::kAborted ||
+         status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+bool AllNull(const std::vector<MPI_Request>& requests) {
+  return std::all_of(requests.begin(), requests.end(),
+                     [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+}
+
+// The first error among the statuses of a failed MPI_Testall.
+int FirstError(int rc, const std::vector<MPI_Status>& statuses) {
+  if (rc != MPI_ERR_IN_STATUS) return rc;
+  for (const MPI_Status& s : statuses) {
+    if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) return s.MPI_ERROR;
+  }
+  return rc;
+}
+
+std::string Readable(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
+}
+
+}  // namespace
+
+// ---- CommState --------------------------------------------------------------
+
+CommState::CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank,
+                     std::string uid)
+    : comm_(comm),
+      ctrl_(ctrl),
+      name_(std::move(name)),
+      world_rank_(world_rank),
+      uid_(std::move(uid)) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  where_ = absl::StrCat("group ", name_, " (rank ", rank_, " of ", size_, ", world rank ",
+                        world_rank_, ")");
+}
+
+CommState::~CommState() {
+  // MPI_Comm_free is local in Open MPI and lets pending operations finish;
+  // after MPI_Finalize no MPI call is allowed at all.
+  if (Finalized()) return;
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (ctrl_ != MPI_COMM_NULL) MPI_Comm_free(&ctrl_);
+}
+
+absl::Status CommState::CheckUsable(absl::string_view op) const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  absl::Status s;
+  switch (state_) {
+    case State::kHealthy:
+      return absl::OkStatus();
+    case State::kAborted:
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": the communicator was aborted; shrink it or build a new one"));
+    case State::kRevoked:
+      s = absl::AbortedError(absl::StrCat(op, ": the communicator was revoked (",
+                                          failure_.message(), "); shrink it or build a new one"));
+      break;
+    case State::kFailed:
+      s = absl::FailedPreconditionError(absl::StrCat(
+          op, ": the communicator failed earlier and cannot be used (", failure_.message(),
+          "); revoke or abort it, then shrink it or build a new one"));
+      break;
+  }
+  failure_.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
+  return s;
+}
+
+absl::Status CommState::Health() const {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  switch (state_) {
+    case State::kHealthy:
+      return absl::OkStatus();
+    case State::kAborted:
+      return absl::AbortedError(absl::StrCat(where_, ": the communicator was aborted"));
+    case State::kRevoked:
+    case State::kFailed:
+      return failure_;
+  }
+  return absl::OkStatus();
+}
+
+void CommState::SetFailed(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (state_ != State::kHealthy) return;
+  state_ = status.code() == absl::StatusCode::kAborted ? State::kRevoked : State::kFailed;
+  failure_ = status;
+}
+
+void CommState::SetAborted() {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (state_ == State::kHealthy || state_ == State::kFailed) {
+    if (failure_.ok()) failure_ = absl::AbortedError(absl::StrCat(where_, ": aborted"));
+    state_ = State::kAborted;
+  }
+}
+
+void CommState::SetRevoked(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(health_mu_);
+  if (state_ == State::kRevoked) return;
+  state_ = State::kRevoked;
+  failure_ = status;
+}
+
+// ---- Wakeup -----------------------------------------------------------------
+
+void Wakeup::AddWaiter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++waiters_;
+    ++kicks_;
+  }
+  cv_.notify_all();
+}
+
+void Wakeup::RemoveWaiter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --waiters_;
+}
+
+void Wakeup::Kick() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++kicks_;
+  }
+  cv_.notify_all();
+}
+
+bool Wakeup::HasWaiters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_ > 0;
+}
+
+void Wakeup::Sleep(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return kicks_ != seen_; });
+  seen_ = kicks_;
+}
+
+// ---- Op ---------------------------------------------------------------------
+
+Op::Op(std::string description, std::shared_ptr<CommState> comm, absl::Time deadline,
+       absl::Duration timeout, std::shared_ptr<Wakeup> wakeup)
+    : description_(std::move(description)),
+      comm_(std::move(comm)),
+      deadline_(deadline),
+      timeout_(timeout),
+      wakeup_(std::move(wakeup)) {}
+
+bool Op::Complete(const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;
+    done_ = true;
+    status_ = status;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool Op::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+absl::Status Op::Wait(absl::Time deadline) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return status_;
+  }
+  const absl::Time start = absl::Now();
+  wakeup_->AddWaiter();
+  bool done;
+  absl::Status status;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // In slices, since the deadline may be infinitely far away.
+    while (!done_) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(std::min(left, absl::Hours(1))));
+    }
+    done = done_;
+    status = status_;
+  }
+  wakeup_->RemoveWaiter();
+  if (done) return status;
+  return absl::DeadlineExceededError(
+      absl::StrCat(description_, ": not complete when the wait's deadline passed (waited ",
+                   Readable(absl::Now() - start),
+                   "); the operation is still in flight and may be waited for again"));
+}
+
+absl::StatusOr<bool> Op::Test() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return false;
+  if (!status_.ok()) return status_;
+  return true;
+}
+
+// ---- Engine -----------------------------------------------------------------
+
+Engine::Engine(const MpiOptions& options)
+    : options_(options),
+      max_elements_(options.max_elements_per_call == 0
+                        ? static_cast<size_t>(INT_MAX)
+                        : std::min(options.max_elements_per_call, static_cast<size_t>(INT_MAX))),
+      wakeup_(std::make_shared<Wakeup>()) {
+  RegisterExitHook(this);
+  thread_ = std::thread([this] { Run(); });
+}
+
+Engine::~Engine() {
+  UnregisterExitHook(this);
+  Stop();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stop_ = true;
+  }
+  wakeup_->Kick();
+  idle_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::deque<std::shared_ptr<Op>> active;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active.swap(active_);
+  }
+  // MPI may still write into these operations' buffers (it cannot cancel a
+  // collective), so their scratch memory is kept until the process exits.
+  for (const std::shared_ptr<Op>& op : active) {
+    op->Complete(absl::AbortedError(absl::StrCat(
+        op->description(),
+        ": the communicator's progress engine stopped with the operation in flight (the "
+        "root communicator was destroyed, or the process is exiting)")));
+    if (!AllNull(op->requests)) KeepUntilExit(op);
+  }
+  std::vector<std::shared_ptr<Op>> adopted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adopted.swap(adopted_);
+  }
+  for (const std::shared_ptr<Op>& op : orphans_) KeepUntilExit(op);
+  for (const std::shared_ptr<Op>& op : adopted) KeepUntilExit(op);
+  orphans_.clear();
+}
+
+void Engine::Submit(std::shared_ptr<Op> op) {
+  op->statuses_.resize(op->requests.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.push_back(std::move(op));
+  }
+  wakeup_->Kick();
+  idle_.notify_all();
+}
+
+void Engine::Adopt(std::shared_ptr<Op> op) {
+  if (AllNull(op->requests)) return;
+  op->statuses_.resize(op->requests.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    adopted_.push_back(std::move(op));
+  }
+  wakeup_->Kick();
+  idle_.notify_all();
+}
+
+void Engine::FailPending(const CommState* comm, const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::shared_ptr<Op>& op : active_) {
+    if (op->comm_.get() == comm) {
+      op->Complete(
+          absl::Status(status.code(), absl::StrCat(op->description(), ": ", status.message())));
+    }
+  }
+}
+
+void Engine::Orphan(std::shared_ptr<Op> op) {
+  if (!AllNull(op->requests)) orphans_.push_back(std::move(op));
+}
+
+void Engine::Run() {
+  absl::Time last_activity = absl::Now();
+  absl::Duration pause = absl::Microseconds(20);
+  while (true) {
+    std::vector<std::shared_ptr<Op>> ops;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      for (std::shared_ptr<Op>& op : adopted_) orphans_.push_back(std::move(op));
+      adopted_.clear();
+      if (active_.empty() && orphans_.empty()) {
+        idle_.wait(lock, [this] { return stop_ || !active_.empty() || !adopted_.empty(); });
+        last_activity = absl::Now();
+        pause = absl::Microseconds(20);
+        continue;
+      }
+      ops.assign(active_.begin(), active_.end());
+    }
+    bool completed = Pass(ops);
+    ReapOrphans();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                   [](const std::shared_ptr<Op>& op) { return op->retired_; }),
+                    active_.end());
+    }
+    const absl::Time now = absl::Now();
+    if (completed) {
+      last_activity = now;
+      pause = absl::Microseconds(20);
+    }
+    if (wakeup_->HasWaiters() || now - last_activity < options_.busy_poll) continue;
+    wakeup_->Sleep(pause);
+    pause = std::min(pause * 2, std::max(options_.max_poll_interval, absl::Microseconds(20)));
+  }
+}
+
+bool Engine::Pass(const std::vector<std::shared_ptr<Op>>& ops) {
+  bool completed = false;
+  const absl::Time now = absl::Now();
+  // Communicators with an earlier operation still in flight: their later
+  // operations wait, so that each communicator completes in issue order.
+  std::vector<const CommState*> blocked;
+  auto is_blocked = [&](const CommState* c) {
+    return std::find(blocked.begin(), blocked.end(), c) != blocked.end();
+  };
+  // Ends the engine's interest in `op`: anything MPI still holds goes to the
+  // orphans, and the op leaves the active list.
+  auto retire = [&](const std::shared_ptr<Op>& op) {
+    Orphan(op);
+    op->retired_ = true;
+  };
+  for (const std::shared_ptr<Op>& op : ops) {
+    CommState* comm = op->comm_.get();
+    if (op->done()) {  // failed from outside: Abort, Revoke
+      retire(op);
+      continue;
+    }
+    if (!op->mpi_done_) {
+      absl::Status health = comm->Health();
+      if (!health.ok()) {
+        absl::Status broke(health.code(), absl::StrCat(op->description(),
+                                                       ": not completed because the communicator "
+                                                       "broke: ",
+                                                       health.message()));
+        health.ForEachPayload(
+            [&](absl::string_view url, const absl::Cord& p) { broke.SetPayload(url, p); });
+        op->Complete(broke);
+        retire(op);
+        completed = true;
+        continue;
+      }
+      int flag = 1;
+      int rc = MPI_SUCCESS;
+      if (!op->requests.empty()) {
+        rc = MPI_Testall(static_cast<int>(op->requests.size()), op->requests.data(), &flag,
+                         op->statuses_.data());
+      }
+      if (rc != MPI_SUCCESS) {
+        op->mpi_done_ = true;
+        op->mpi_status_ = FromMpi(FirstError(rc, op->statuses_), comm->comm(), op->description());
+      } else if (flag) {
+        op->mpi_done_ = true;
+      } else if (now > op->deadline_) {
+        absl::Status late = absl::DeadlineExceededError(absl::StrCat(
+            op->description(), ": did not complete within its timeout of ", Readable(op->timeout_),
+            " (a peer may have failed, be stuck, or not have issued the matching call); the "
+            "communicator is now unusable: revoke or abort it, then shrink or rebuild"));
+        comm->SetFailed(late);
+        op->Complete(late);
+        retire(op);
+        completed = true;
+        continue;
+      }
+    }
+    if (!op->mpi_done_ || is_blocked(comm)) {
+      blocked.push_back(comm);
+      continue;
+    }
+    absl::Status status = op->mpi_status_;
+    if (status.ok() && op->finish) status = op->finish(op->statuses_);
+    if (!status.ok() && BreaksCommunicator(status)) comm->SetFailed(status);
+    retire(op);  // an error may leave some requests pending
+    op->Complete(status);
+    completed = true;
+  }
+  return completed;
+}
+
+void Engine::ReapOrphans() {
+  if (orphans_.empty()) return;
+  std::vector<MPI_Status> statuses;
+  for (std::shared_ptr<Op>& op : orphans_) {
+    statuses.resize(op->requests.size());
+    int flag = 0;
+    int rc = MPI_Testall(static_cast<int>(op->requests.size()), op->requests.data(), &flag,
+                         statuses.data());
+    // An error other than "see the statuses" leaves nothing we can poll.
+    if (flag || (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) || AllNull(op->requests)) {
+      op->requests.clear();
+      op.reset();
+    }
+  }
+  orphans_.erase(std::remove(orphans_.begin(), orphans_.end(), nullptr), orphans_.end());
+}
+
+absl::Status WaitRequests(Engine& engine, std::shared_ptr<Op> op, absl::Time deadline,
+                          MPI_Comm comm) {
+  std::vector<MPI_Status> statuses(op->requests.size());
+  absl::Duration pause = absl::Microseconds(5);
+  const absl::Time start = absl::Now();
+  while (true) {
+    int flag = 0;
+    int rc = MPI_Testall(static_cast<int>(op->requests.size()), op->requests.data(), &flag,
+                         statuses.data());
+    absl::Status status;
+    if (rc != MPI_SUCCESS) {
+      status = FromMpi(FirstError(rc, statuses), comm, op->description());
+    } else if (flag) {
+      return absl::OkStatus();
+    } else if (absl::Now() > deadline) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          op->description(), ": not complete after ", Readable(absl::Now() - start),
+          " (every rank of the group must make the same call; a peer may have failed or be "
+          "busy elsewhere)"));
+    }
+    if (!status.ok()) {
+      engine.Adopt(std::move(op));
+      return status;
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, absl::Milliseconds(1));
+  }
+}
+
+}  // namespace strata::mpi

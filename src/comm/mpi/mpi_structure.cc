@@ -1,0 +1,309 @@
+// Structure and fault handling of the MPI backend: the root communicator,
+// Split, Shrink, Abort, Revoke and AsyncError (see mpi_communicator.h for
+// the design of Shrink).
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "comm/mpi/mpi_communicator.h"
+#include "strata/base/status.h"
+
+#ifdef STRATA_HAVE_ULFM
+#include <mpi-ext.h>
+#endif
+
+namespace strata::mpi {
+namespace {
+
+// Tags on the control communicator. Each Shrink uses its own tag (by
+// sequence number), so that messages of an attempt that timed out cannot
+// be taken for those of the next one.
+constexpr int kShrinkTagBase = 1000;
+constexpr int kShrinkTagSpan = 8192;
+
+absl::Status CheckCommOptions(const CommOptions& options) {
+  if (options.version != CommOptions::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions version ", options.version,
+                     " is not supported (this build: ", CommOptions::kVersion, ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("communicator '", options.name, "': timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   " must be positive"));
+  }
+  if (options.name.empty()) {
+    return absl::InvalidArgumentError("communicator name is empty");
+  }
+  return absl::OkStatus();
+}
+
+// A nonblocking MPI call whose output handle MPI writes at completion: the
+// handle lives in the op's scratch until then.
+std::shared_ptr<Op> NewOp(Engine& engine, std::string what, absl::Time deadline) {
+  return std::make_shared<Op>(std::move(what), nullptr, deadline, absl::ZeroDuration(),
+                              engine.wakeup());
+}
+
+MPI_Comm* CommSlot(Op& op) {
+  op.scratch.emplace_back(sizeof(MPI_Comm));
+  return reinterpret_cast<MPI_Comm*>(op.scratch.back().data());
+}
+
+// Makes `comm` return errors instead of aborting the job and duplicates it
+// for the control communicator. The duplication also makes creation safe
+// to revoke: MPI_Comm_idup completes on a rank only once every member has
+// joined it, i.e. has finished creating `comm` (Open MPI 5.0.11 crashes in
+// ompi_comm_revoke_local when a revocation reaches a process still inside
+// the creating call). No other collective may be started on `comm` while
+// the idup is pending: its internal agreement issues nonblocking
+// collectives lazily, which then pair up with the wrong ones on other ranks
+// (seen as MPI_ERR_TRUNCATE in a libnbc schedule).
+absl::StatusOr<MPI_Comm> FinishCreation(Engine& engine, MPI_Comm comm, absl::Time deadline,
+                                        absl::string_view what) {
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  auto op = NewOp(engine, absl::StrCat(what, ": duplicating the new communicator"), deadline);
+  MPI_Comm* ctrl = CommSlot(*op);
+  MPI_Request r;
+  int rc = MPI_Comm_idup(comm, ctrl, &r);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, comm, op->description());
+  op->requests.push_back(r);
+  STRATA_RETURN_IF_ERROR(WaitRequests(engine, op, deadline, comm));
+  MPI_Comm_set_errhandler(*ctrl, MPI_ERRORS_RETURN);
+  return *ctrl;
+}
+
+// FNV-1a over the survivor list: survivors compare it during the rendezvous
+// to catch ranks that pass different excluded sets.
+int64_t HashRanks(const std::vector<int>& ranks) {
+  uint64_t h = 1469598103934665603ull;
+  for (int r : ranks) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= static_cast<uint64_t>((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu);
+      h *= 1099511628211ull;
+    }
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
+    const RootOptions& options, int expected_rank, int expected_size) {
+  STRATA_RETURN_IF_ERROR(CheckCommOptions(options.comm));
+  if (options.mpi.busy_poll < absl::ZeroDuration() ||
+      options.mpi.max_poll_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MpiOptions: busy_poll ", absl::FormatDuration(options.mpi.busy_poll),
+                     " and max_poll_interval ", absl::FormatDuration(options.mpi.max_poll_interval),
+                     " must not be negative"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const RuntimeInfo* info, EnsureInitialized());
+  if (info->world_rank != expected_rank || info->world_size != expected_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "MPI sees this process as rank ", info->world_rank, " of ", info->world_size,
+        " but the launch environment says rank ", expected_rank, " of ", expected_size,
+        " (under Slurm, launch with srun --mpi=pmix; torchrun jobs need a store-bootstrapped "
+        "backend)"));
+  }
+  auto engine = std::make_shared<Engine>(options.mpi);
+  const absl::Time deadline = absl::Now() + options.comm.timeout;
+  const std::string what =
+      absl::StrCat("creating the root communicator '", options.comm.name, "' (world rank ",
+                   info->world_rank, " of ", info->world_size, ")");
+  auto op = NewOp(*engine, what, deadline);
+  MPI_Comm* comm = CommSlot(*op);
+  MPI_Request r;
+  int rc = MPI_Comm_idup(MPI_COMM_WORLD, comm, &r);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, MPI_COMM_WORLD, what);
+  op->requests.push_back(r);
+  STRATA_RETURN_IF_ERROR(WaitRequests(*engine, op, deadline, MPI_COMM_WORLD));
+  STRATA_ASSIGN_OR_RETURN(MPI_Comm ctrl, FinishCreation(*engine, *comm, deadline, what));
+  // The root's id: random on rank 0, shared with the others, so that roots
+  // created one after another in a process never share an id.
+  auto id_op = NewOp(*engine, absl::StrCat(what, ": sharing its id"), deadline);
+  id_op->scratch.emplace_back(sizeof(uint64_t));
+  uint64_t* id = reinterpret_cast<uint64_t*>(id_op->scratch.back().data());
+  *id = (static_cast<uint64_t>(std::random_device()()) << 32) ^ std::random_device()();
+  rc = MPI_Ibcast(id, 1, MPI_UINT64_T, 0, *comm, &r);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, *comm, id_op->description());
+  id_op->requests.push_back(r);
+  STRATA_RETURN_IF_ERROR(WaitRequests(*engine, id_op, deadline, *comm));
+  auto state = std::make_shared<CommState>(*comm, ctrl, options.comm.name, info->world_rank,
+                                           absl::StrCat("r", absl::Hex(*id)));
+  return std::make_unique<MpiCommunicator>(std::move(engine), std::move(state),
+                                           options.comm.timeout);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::Wrap(MPI_Comm comm, MPI_Comm ctrl,
+                                                       const CommOptions& options,
+                                                       std::string uid) {
+  auto state =
+      std::make_shared<CommState>(comm, ctrl, options.name, state_->world_rank(), std::move(uid));
+  return std::make_unique<MpiCommunicator>(engine_, std::move(state), options.timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key,
+                                                                     const CommOptions& options) {
+  STRATA_RETURN_IF_ERROR(CheckCommOptions(options));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = absl::StrCat("split(color ", color, ", key ", key, ") into '",
+                                        options.name, "' on ", state_->where());
+  // MPI_Comm_split blocks without a deadline; a barrier that has one first
+  // makes sure every rank has arrived.
+  OpOptions barrier_options;
+  barrier_options.timeout = options.timeout;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> barrier, Barrier(barrier_options));
+  STRATA_RETURN_IF_ERROR_CTX(barrier->Wait(deadline), what);
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::string uid;
+  {
+    std::lock_guard<std::mutex> lock(state_->issue_mu());
+    STRATA_RETURN_IF_ERROR(state_->CheckUsable(what));  // `what` names the group
+    uid = absl::StrCat(state_->uid(), "/s", state_->next_split_seq(), "c", color);
+    int rc = MPI_Comm_split(state_->comm(), color < 0 ? MPI_UNDEFINED : color, key, &comm);
+    if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), what);
+  }
+  if (comm == MPI_COMM_NULL) return std::unique_ptr<Communicator>();
+  STRATA_ASSIGN_OR_RETURN(MPI_Comm ctrl, FinishCreation(*engine_, comm, deadline, what));
+  return std::unique_ptr<Communicator>(Wrap(comm, ctrl, options, std::move(uid)));
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
+    absl::Span<const int> excluded, const CommOptions& options) {
+  STRATA_RETURN_IF_ERROR(CheckCommOptions(options));
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateExcluded(info(), excluded));
+  std::vector<int> sorted(excluded.begin(), excluded.end());
+  std::sort(sorted.begin(), sorted.end());
+  const std::string what = absl::StrCat("shrink excluding ranks [", absl::StrJoin(sorted, ", "),
+                                        "] into '", options.name, "' on ", state_->where());
+  if (std::binary_search(sorted.begin(), sorted.end(), rank())) {
+    return std::unique_ptr<Communicator>();  // excluded ranks take no part
+  }
+  std::vector<int> survivors;
+  for (int r = 0; r < size(); ++r) {
+    if (!std::binary_search(sorted.begin(), sorted.end(), r)) survivors.push_back(r);
+  }
+  const int m = static_cast<int>(survivors.size());
+  const int me = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank()) -
+                                  survivors.begin());
+  const absl::Time deadline = absl::Now() + options.timeout;
+  int seq;
+  {
+    std::lock_guard<std::mutex> lock(state_->issue_mu());
+    seq = state_->next_shrink_seq();
+  }
+  const int tag = kShrinkTagBase + seq % kShrinkTagSpan;
+  const int64_t hash = HashRanks(survivors);
+  const MPI_Comm ctrl = state_->ctrl();
+
+  // 1. Rendezvous of the survivors (a dissemination barrier) on the control
+  // communicator, bounded by the deadline: after it, every survivor is
+  // known to be alive and inside this Shrink with the same survivor set.
+  // The messages also spread whether any survivor knows of a failed rank,
+  // so that all choose the same way to create the communicator.
+  int64_t failures = FailedRanks(ctrl).empty() && FailedRanks(state_->comm()).empty() ? 0 : 1;
+  for (int distance = 1; distance < m; distance *= 2) {
+    const int to = survivors[static_cast<size_t>((me + distance) % m)];
+    const int from = survivors[static_cast<size_t>((me - distance + m) % m)];
+    auto op = NewOp(*engine_, absl::StrCat(what, ": meeting survivor ranks ", to, " and ", from),
+                    deadline);
+    op->scratch.emplace_back(6 * sizeof(int64_t));
+    int64_t* msg = reinterpret_cast<int64_t*>(op->scratch.back().data());
+    msg[0] = seq;
+    msg[1] = hash;
+    msg[2] = failures;
+    MPI_Request r[2];
+    int rc = MPI_Irecv(msg + 3, 3, MPI_INT64_T, from, tag, ctrl, &r[0]);
+    if (rc == MPI_SUCCESS) {
+      op->requests.push_back(r[0]);
+      rc = MPI_Isend(msg, 3, MPI_INT64_T, to, tag, ctrl, &r[1]);
+      if (rc == MPI_SUCCESS) op->requests.push_back(r[1]);
+    }
+    if (rc != MPI_SUCCESS) {
+      engine_->Adopt(op);
+      return FromMpi(rc, ctrl, op->description());
+    }
+    absl::Status met = WaitRequests(*engine_, op, deadline, ctrl);
+    if (!met.ok()) {
+      if (met.GetPayload(kRankFailurePayload).has_value()) {
+        return internal::Annotate(met, "a survivor has failed; exclude it too");
+      }
+      return met;
+    }
+    if (msg[3] != seq || msg[4] != hash) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": survivor rank ", from,
+          " passed a different list of excluded ranks (every survivor must pass the same list)"));
+    }
+    failures |= msg[5];
+  }
+
+  // 2. Create the communicator among the survivors only. Without failures,
+  // MPI_Comm_create_group on the control communicator (only the group's
+  // members take part). With failures, ULFM refuses that on a parent that
+  // contains a failed rank, so the communicator is built from the group
+  // alone with MPI_Comm_create_from_group (PMIx), named by the uid that
+  // every survivor computes alike.
+  const std::string uid = absl::StrCat(state_->uid(), "/k", seq);
+  MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rc = MPI_Comm_group(ctrl, &parent);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, survivors.data(), &group);
+  if (rc == MPI_SUCCESS) {
+    rc = failures != 0 ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
+                                                    MPI_ERRORS_RETURN, &comm)
+                       : MPI_Comm_create_group(ctrl, group, tag, &comm);
+  }
+  if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+  if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, ctrl, what);
+  STRATA_ASSIGN_OR_RETURN(MPI_Comm new_ctrl, FinishCreation(*engine_, comm, deadline, what));
+  return std::unique_ptr<Communicator>(Wrap(comm, new_ctrl, options, uid));
+}
+
+absl::Status MpiCommunicator::Abort() {
+  // Pending operations first, so that they fail with this message rather
+  // than with the engine's "the communicator broke".
+  engine_->FailPending(state_.get(),
+                       absl::AbortedError("the communicator was aborted by this rank"));
+  state_->SetAborted();
+  return absl::OkStatus();
+}
+
+absl::Status MpiCommunicator::Revoke() {
+#ifdef STRATA_HAVE_ULFM
+  if (Finalized()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("revoke on ", state_->where(), ": MPI is already finalised"));
+  }
+  int rc = MPIX_Comm_revoke(state_->comm());
+  if (rc != MPI_SUCCESS) {
+    return FromMpi(rc, state_->comm(), absl::StrCat("revoke on ", state_->where()));
+  }
+  engine_->FailPending(state_.get(),
+                       absl::AbortedError("the communicator was revoked by this rank"));
+  state_->SetRevoked(absl::AbortedError(absl::StrCat(state_->where(), ": revoked by this rank")));
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError(absl::StrCat(
+      "revoke on ", state_->where(),
+      ": this build's MPI has no ULFM extension (MPIX_Comm_revoke); use Open MPI 5 with ftmpi"));
+#endif
+}
+
+absl::Status MpiCommunicator::AsyncError() {
+  STRATA_RETURN_IF_ERROR(state_->Health());
+  const std::vector<int> failed = FailedRanks(state_->comm());
+  if (failed.empty()) return absl::OkStatus();
+  absl::Status s = absl::UnavailableError(absl::StrCat(
+      state_->where(), ": MPI reports failed peer ranks ", absl::StrJoin(failed, ", ")));
+  s.SetPayload(kRankFailurePayload, absl::Cord(absl::StrJoin(failed, ",")));
+  return s;
+}
+
+}  // namespace strata::mpi

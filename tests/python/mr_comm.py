@@ -1,0 +1,232 @@
+"""Under mpirun (2, 3, 4 and 8 ranks): every collective x dtype x size x
+reduce op on torch tensors and numpy arrays against references computed
+here with torch; the groups of an 8-rank dp2 x tp2 x pp2 world; async work
+on several groups at once; send/recv rings; a deadline that expires.
+
+Every rank runs every test in the same order. A test collects its
+mismatches and the ranks agree on the verdict at its end (``agree``), so a
+failure on one rank cannot leave the others waiting in a collective.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import strata
+
+N = int(os.environ["STRATA_TEST_NP"])
+SIZES = [0, 1, 1023, 1 << 20]
+TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                torch.uint8, torch.int32, torch.int64]
+OPS = ["sum", "prod", "min", "max", "avg"]
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = strata.init(timeout=120)
+    yield w
+    w.destroy()
+
+
+def agree(world, problems):
+    """Fails on every rank if any rank found a problem."""
+    flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
+    world.group().allreduce(flag, op="max")
+    assert not problems, problems[:5]
+    assert flag.item() == 0, "failed on another rank (see its report)"
+
+
+def inputs(rank, n, op, dtype):
+    """Small integers (prod: +-1 and one 2) so every result is exact."""
+    i = torch.arange(n, dtype=torch.int64)
+    unsigned = dtype == torch.uint8
+    if op in ("sum", "avg"):
+        v = (rank * 7 + i * 13) % 7
+        v = v % 4 if unsigned else v - 3
+    elif op == "prod":
+        v = torch.where((rank + i) % 3 == 0, -1, 1) if not unsigned else torch.ones_like(i)
+        v = torch.where(i % N == rank, 2, v)
+    else:
+        v = (rank * 5 + i * 3) % 11
+        v = v if unsigned else v - 5
+    return v.to(dtype)
+
+
+def reference(n, op, dtype, size=N):
+    stack = torch.stack([inputs(r, n, op, dtype).to(torch.float64) for r in range(size)])
+    if op == "sum":
+        out = stack.sum(0)
+    elif op == "avg":
+        out = stack.sum(0) / size
+        if dtype != torch.float64:
+            out = out.to(torch.float32)  # the backend divides in fp32
+    elif op == "prod":
+        out = stack.prod(0)
+    elif op == "min":
+        out = stack.min(0).values
+    else:
+        out = stack.max(0).values
+    return out.to(dtype)
+
+
+def runs(n, op, dtype):
+    if n < (1 << 20):
+        return True
+    return op == "sum" and dtype in (torch.float32, torch.bfloat16, torch.int32)
+
+
+def mismatch(what, got, want):
+    if torch.equal(got, want):
+        return []
+    bad = (got != want).nonzero()[0].item()
+    return [f"{what}: element {bad}: got {got[bad].item()} want {want[bad].item()}"]
+
+
+def test_allreduce_reduce_every_dtype_size_op(world):
+    g, r = world.group(), world.rank
+    problems = []
+    for dtype in TORCH_DTYPES:
+        for op in OPS:
+            if op == "avg" and not dtype.is_floating_point:
+                continue
+            for n in SIZES:
+                if not runs(n, op, dtype):
+                    continue
+                what = f"{dtype} {op} n={n}"
+                want = reference(n, op, dtype)
+                x = inputs(r, n, op, dtype)
+                g.allreduce(x, op=op)
+                problems += mismatch("allreduce " + what, x, want)
+                y = inputs(r, n, op, dtype)
+                g.reduce(y, root=N - 1, op=op)
+                if r == N - 1:
+                    problems += mismatch("reduce " + what, y, want)
+    agree(world, problems)
+
+
+def test_gather_scatter_alltoall_broadcast(world):
+    g, r = world.group(), world.rank
+    problems = []
+    for dtype in TORCH_DTYPES:
+        for n in SIZES[:3] + [1 << 16]:
+            mine = (torch.arange(n) * 3 + r).to(dtype)
+            out = torch.zeros(n * N, dtype=dtype)
+            g.allgather(out, mine)
+            want = torch.cat([(torch.arange(n) * 3 + k).to(dtype) for k in range(N)])
+            problems += mismatch(f"allgather {dtype} n={n}", out, want)
+
+            full = inputs(r, n * N, "sum", dtype)
+            part = torch.zeros(n, dtype=dtype)
+            g.reduce_scatter(part, full, op="sum")
+            problems += mismatch(f"reduce_scatter {dtype} n={n}", part,
+                                 reference(n * N, "sum", dtype)[r * n:(r + 1) * n])
+
+            send = torch.stack([(torch.arange(n) + 100 * r + j) for j in range(N)]).to(dtype)
+            recv = torch.zeros_like(send)
+            g.all_to_all(recv, send)
+            want = torch.stack([(torch.arange(n) + 100 * j + r) for j in range(N)]).to(dtype)
+            problems += mismatch(f"all_to_all {dtype} n={n}", recv.flatten(), want.flatten())
+
+            b = torch.full((n,), r, dtype=torch.int64).to(dtype)
+            g.broadcast(b, root=N - 1)
+            problems += mismatch(f"broadcast {dtype} n={n}", b,
+                                 torch.full((n,), N - 1, dtype=torch.int64).to(dtype))
+    agree(world, problems)
+
+
+def test_all_to_all_with_splits(world):
+    g, r = world.group(), world.rank
+    # rank r sends (r + j) % 3 rows of 4 to rank j.
+    send_splits = [(r + j) % 3 for j in range(N)]
+    recv_splits = [(j + r) % 3 for j in range(N)]
+    send = torch.cat([torch.full((s, 4), 10 * r + j, dtype=torch.float32)
+                      for j, s in enumerate(send_splits)])
+    recv = torch.zeros(sum(recv_splits), 4)
+    g.all_to_all(recv, send, output_splits=recv_splits, input_splits=send_splits)
+    want = torch.cat([torch.full((s, 4), 10 * j + r, dtype=torch.float32)
+                      for j, s in enumerate(recv_splits)])
+    problems = mismatch("all_to_all splits", recv.flatten(), want.flatten())
+    # Rows that do not split evenly need explicit splits (every rank raises,
+    # before any communication).
+    if N > 1 and 3 % N:
+        with pytest.raises(strata.InvalidArgument, match="not divisible by the group size"):
+            g.all_to_all(torch.zeros(3), torch.zeros(3), output_splits=[0] * (N - 1) + [3])
+    agree(world, problems)
+
+
+def test_numpy_arrays(world):
+    g, r = world.group(), world.rank
+    problems = []
+    for dtype in ["float32", "float64", "float16", "int8", "uint8", "int32", "int64"]:
+        x = np.full((3, 5), r, dtype=dtype)
+        g.allreduce(x, op="max")
+        if not (x == N - 1).all():
+            problems.append(f"numpy allreduce {dtype}: {x.ravel()[:3]}")
+        out = np.zeros((N, 3), dtype=dtype)
+        g.allgather(out, np.full(3, r, dtype=dtype))
+        if not (out == np.arange(N, dtype=dtype)[:, None]).all():
+            problems.append(f"numpy allgather {dtype}")
+    agree(world, problems)
+
+
+def test_send_recv_rings_both_directions(world):
+    g, r = world.group(), world.rank
+    nxt, prv = (r + 1) % N, (r - 1) % N
+    problems = []
+    for dtype in TORCH_DTYPES:
+        out = (torch.arange(1000) + r).to(dtype)
+        from_prev, from_next = torch.zeros_like(out), torch.zeros_like(out)
+        works = [g.recv(from_prev, prv, async_op=True), g.recv(from_next, nxt, async_op=True),
+                 g.send(out, nxt, async_op=True), g.send(out, prv, async_op=True)]
+        for w in works:
+            w.wait(timeout=60)
+        problems += mismatch(f"ring from prev {dtype}", from_prev, (torch.arange(1000) + prv).to(dtype))
+        problems += mismatch(f"ring from next {dtype}", from_next, (torch.arange(1000) + nxt).to(dtype))
+    agree(world, problems)
+
+
+def test_async_on_several_groups():
+    if N != 8:
+        pytest.skip("needs 8 ranks")
+    with strata.init(strata.Mesh(8, tp=2, pp=2), timeout=120) as w:
+        works, tensors = [], {}
+        for axes in ["tp", "dp", "pp", "dp-cp", "tp-pp", "tp-dp-cp", "world"]:
+            t = torch.full((1 << 12,), float(w.rank))
+            tensors[axes] = t
+            works.append(w.group(axes).allreduce(t, async_op=True))
+        for work in reversed(works):
+            work.wait(timeout=60)
+        problems = []
+        for axes, t in tensors.items():
+            members = list(range(8)) if axes == "world" else w.mesh.group_of(w.rank, axes)
+            if not torch.all(t == float(sum(members))):
+                problems.append(f"{axes}: {t[0].item()} != {sum(members)}")
+            if axes != "world" and w.group(axes).size != len(members):
+                problems.append(f"{axes}: size {w.group(axes).size} != {len(members)}")
+        agree(w, problems)
+
+
+def test_deadline_expires_with_a_clear_error(world):
+    g, r = world.group(), world.rank
+    sub = g.split(0, name="late")
+    problems = []
+    if r == 0:
+        x = torch.zeros(1)
+        work = sub.recv(x, 1, async_op=True)
+        try:
+            work.wait(timeout=0.1)
+            problems.append("wait returned before the peer sent")
+        except strata.CommError as e:
+            if (e.code != "DEADLINE_EXCEEDED"
+                    or "recv(peer 1, 1 x fp32) on group late (rank 0" not in str(e)):
+                problems.append(f"unexpected error: {e}")
+        sub.send(torch.zeros(1), 1)  # go ahead
+        work.wait(timeout=60)
+        if x.item() != 7.0:
+            problems.append(f"received {x.item()}")
+    elif r == 1:
+        sub.recv(torch.zeros(1), 0)
+        sub.send(torch.full((1,), 7.0), 0)
+    agree(world, problems)

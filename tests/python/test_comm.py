@@ -1,0 +1,156 @@
+"""strata.init and the communicators in one process (a world of one rank):
+every operation on torch tensors and numpy arrays, and every error a user
+can cause from Python."""
+
+import numpy as np
+import pytest
+import torch
+
+import strata
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = strata.init(timeout=30)
+    yield w
+    w.destroy()
+
+
+def test_import_needs_no_launcher():
+    assert "mpi" in strata.available_backends()
+    assert strata.build_info()["mpi"]
+
+
+def test_world_of_one(world):
+    assert (world.rank, world.size) == (0, 1)
+    assert world.mesh.world_size == 1
+    assert world.group_names()[:3] == ["world", "tp", "cp"]
+    g = world.group("tp")
+    assert (g.rank, g.size, g.name, g.backend) == (0, 1, "tp", "mpi")
+    assert world.group("cp-dp") is not None
+    assert "rank 0 of 1" in repr(g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int8, torch.uint8, torch.int32, torch.int64])
+def test_every_operation_on_torch(world, dtype):
+    g = world.group()
+    x = torch.arange(8).to(dtype)
+    g.allreduce(x, op="max")
+    g.broadcast(x, root=0)
+    g.reduce(x, root=0, op="sum")
+    out = torch.zeros(8, dtype=dtype)
+    g.allgather(out, x)
+    assert torch.equal(out, x)
+    rs = torch.zeros(8, dtype=dtype)
+    g.reduce_scatter(rs, x, op="min")
+    assert torch.equal(rs, x)
+    a2a = torch.zeros(8, dtype=dtype)
+    g.all_to_all(a2a, x)
+    assert torch.equal(a2a, x)
+    g.all_to_all(a2a, x, output_splits=[8], input_splits=[8])
+    g.barrier()
+    assert torch.equal(x, torch.arange(8).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "uint8", "int32",
+                                   "int64"])
+def test_every_operation_on_numpy(world, dtype):
+    g = world.group("dp")
+    x = np.arange(6).astype(dtype).reshape(2, 3)
+    g.allreduce(x, op="sum")
+    out = np.zeros_like(x)
+    g.allgather(out, x)
+    np.testing.assert_array_equal(out, x)
+    work = g.recv(out, 0, async_op=True)
+    g.send(x * 2, 0)
+    assert work.wait(timeout=10)
+    np.testing.assert_array_equal(out, x * 2)
+
+
+def test_async_work_and_deadline(world):
+    g = world.group()
+    r = torch.zeros(3)
+    work = g.recv(r, 0, async_op=True)
+    assert not work.is_completed()
+    with pytest.raises(strata.CommError) as e:
+        work.wait(timeout=0.05)
+    assert e.value.code == "DEADLINE_EXCEEDED"
+    assert "recv(peer 0, 3 x fp32) on group world (rank 0 of 1" in str(e.value)
+    g.send(torch.tensor([1.0, 2.0, 3.0]), 0)
+    assert work.wait()
+    assert work.is_completed()
+    assert r.tolist() == [1.0, 2.0, 3.0]
+
+
+def test_user_errors_are_named(world):
+    g = world.group()
+    with pytest.raises(strata.InvalidArgument, match="must be contiguous"):
+        g.allreduce(torch.ones(4, 4).t())
+    with pytest.raises(strata.InvalidArgument, match="C-contiguous"):
+        g.allreduce(np.ones((4, 4))[:, ::2])
+    with pytest.raises(strata.InvalidArgument, match="read-only"):
+        a = np.ones(4)
+        a.flags.writeable = False
+        g.allreduce(a)
+    with pytest.raises(strata.InvalidArgument, match="expected a torch CPU tensor or a numpy"):
+        g.allreduce([1.0, 2.0])
+    with pytest.raises(strata.InvalidArgument, match="avg is not defined for integer dtype int32"):
+        g.allreduce(torch.ones(4, dtype=torch.int32), op="avg")
+    with pytest.raises(strata.InvalidArgument, match="unknown reduce op 'median'"):
+        g.allreduce(torch.ones(4), op="median")
+    with pytest.raises(strata.InvalidArgument, match="peer 3 is out of range"):
+        g.send(torch.ones(1), 3)
+    with pytest.raises(strata.InvalidArgument, match="must hold 1 x 4 = 4 elements"):
+        g.allgather(torch.zeros(5), torch.ones(4))
+    with pytest.raises(strata.InvalidArgument, match="requires grad"):
+        g.allreduce(torch.ones(2, requires_grad=True))
+    with pytest.raises(strata.InvalidArgument, match="send_counts has 2 entries"):
+        world.group().all_to_all(torch.zeros(3), torch.zeros(3), input_splits=[1, 2])
+    with pytest.raises(strata.InvalidArgument, match="at least one dimension"):
+        world.group().all_to_all(torch.zeros(()), torch.zeros(()), input_splits=[1])
+    with pytest.raises(strata.CommError, match="no group 'tp-cp'"):
+        world.group("tp-cp")
+    assert issubclass(strata.InvalidArgument, ValueError)
+
+
+def test_init_errors():
+    with pytest.raises(strata.MeshError, match="the mesh is for 2 ranks but the job has 1"):
+        strata.init(strata.Mesh(2))
+    with pytest.raises(strata.CommError, match="backend 'nccl' is not available"):
+        strata.init(backend="nccl")
+    with pytest.raises(strata.InvalidArgument, match="unknown backend 'tcp'"):
+        strata.init(backend="tcp")
+    with pytest.raises(strata.InvalidArgument, match="mesh must be a strata.Mesh"):
+        strata.init(mesh={"tp": 2})
+
+
+def test_worlds_are_rebuilt_and_destroyed():
+    for _ in range(3):
+        with strata.init() as w:
+            x = torch.ones(4)
+            w.group("dp").allreduce(x)
+            g = w.group("dp")
+        with pytest.raises(strata.CommError, match="destroyed"):
+            g.allreduce(x)
+        w.destroy()  # idempotent
+
+
+def test_abort_revoke_shrink_split(world):
+    g = world.group()
+    part = g.split(0, name="part")
+    assert part.size == 1 and part.name == "part"
+    assert g.split(-1) is None
+    shrunk = part.shrink([], name="copy")
+    assert shrunk.size == 1
+    shrunk.revoke()
+    with pytest.raises(strata.CommError) as e:
+        shrunk.barrier()
+    assert e.value.code == "ABORTED"
+    r = torch.zeros(1)
+    work = part.recv(r, 0, async_op=True)
+    part.abort()
+    with pytest.raises(strata.CommError, match="aborted"):
+        work.wait(timeout=10)
+    with pytest.raises(strata.CommError, match="was aborted"):
+        part.check()
