@@ -192,7 +192,8 @@ class ColumnParallelLinear(torch.nn.Module):
     [out / tp]. Input [..., in] (replicated; under sequence parallelism,
     this rank's [seq / tp, ...] token shard); output [..., out / tp], or
     [..., out] with ``gather_output``. With ``skip_bias_add`` returns
-    ``(output, bias)`` and does not add the bias."""
+    ``(output, bias)`` and does not add the bias (the bias is gathered to
+    [out] along with the output under ``gather_output``)."""
 
     def __init__(self, in_features, out_features, *, group, bias=True, gather_output=False,
                  sequence_parallel=False, skip_bias_add=False, dtype=None, device=None):
@@ -220,7 +221,13 @@ class ColumnParallelLinear(torch.nn.Module):
         out = _ColumnLinear.apply(x, self.weight, bias, self.group, self.sequence_parallel)
         if self.gather_output:
             out = C.GatherFromTP.apply(out, self.group)
-        return (out, self.bias) if self.skip_bias_add else out
+        if not self.skip_bias_add:
+            return out
+        bias = self.bias
+        if bias is not None and self.gather_output:
+            # The output is whole, so the bias returned with it is too.
+            bias = C.GatherFromTP.apply(bias, self.group)
+        return out, bias
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features} "

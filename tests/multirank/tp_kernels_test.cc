@@ -44,12 +44,12 @@ TEST_P(TpKernelsTest, LinearLayersMatchTheUnshardedLayer) {
   const int tp = group->size(), r = group->rank();
   const int64_t rows = 16, in = 24, out = 32;
   for (DataType dtype : {DataType::kFloat32, DataType::kBFloat16}) {
-    for (LinearCase c : {LinearCase{true, false, false, false, dtype},
-                         LinearCase{true, true, false, false, dtype},
-                         LinearCase{true, false, false, true, dtype},
-                         LinearCase{false, false, false, false, dtype},
-                         LinearCase{false, false, true, false, dtype},
-                         LinearCase{false, false, true, true, dtype}}) {
+    for (LinearCase c :
+         {LinearCase{true, false, false, false, dtype}, LinearCase{true, true, false, false, dtype},
+          LinearCase{true, false, false, true, dtype},
+          LinearCase{false, false, false, false, dtype},
+          LinearCase{false, false, true, false, dtype},
+          LinearCase{false, false, true, true, dtype}}) {
       SCOPED_TRACE(absl::StrCat(c.column ? "column" : "row", " gather=", c.gather_output,
                                 " parallel_in=", c.input_is_parallel, " sp=", c.sequence_parallel,
                                 " ", DataTypeName(dtype), " tp=", tp));

@@ -80,7 +80,7 @@ def test_column_parallel_linear(world, dtype):
         ref = reference_linear(in_f, out_f, bias, 7, dtype)
         x = data((S, B, in_f), 1, dtype)
         probe = data((S, B, out_f), 2, dtype)
-        xr = x.float().requires_grad_()
+        xr = x.detach().float().clone().requires_grad_()
         y = ref(xr)
         (y * probe.float()).sum().backward()
 
@@ -88,7 +88,7 @@ def test_column_parallel_linear(world, dtype):
         layer = snn.ColumnParallelLinear(in_f, out_f, group=world, bias=bias, gather_output=gather,
                                          sequence_parallel=sp, skip_bias_add=skip, dtype=dtype)
         assert torch.equal(layer.weight.float(), rows(ref.weight.detach(), tp, r)), what
-        xs = (rows(x, tp, r) if sp else x).clone().requires_grad_()
+        xs = (rows(x, tp, r) if sp else x).detach().clone().requires_grad_()
         out = layer(xs)
         if skip:
             out, b = out
@@ -116,7 +116,7 @@ def test_row_parallel_linear(world, dtype):
         ref = reference_linear(in_f, out_f, bias, 8, dtype)
         x = data((S, B, in_f), 3, dtype)
         probe = data((S, B, out_f), 4, dtype)
-        xr = x.float().requires_grad_()
+        xr = x.detach().float().clone().requires_grad_()
         y = ref(xr)
         (y * probe.float()).sum().backward()
 
@@ -125,7 +125,7 @@ def test_row_parallel_linear(world, dtype):
                                       input_is_parallel=parallel_in, sequence_parallel=sp,
                                       skip_bias_add=skip, dtype=dtype)
         assert torch.equal(layer.weight.float(), cols(ref.weight.detach(), tp, r)), what
-        xs = (cols(x, tp, r) if parallel_in else x).clone().requires_grad_()
+        xs = (cols(x, tp, r) if parallel_in else x).detach().clone().requires_grad_()
         out = layer(xs)
         if skip:
             out, b = out
@@ -169,10 +169,11 @@ def test_vocab_parallel_cross_entropy_matches_torch(world, dtype):
     vocab = 40
     logits = (data((S, B, vocab), 12, torch.float32) * 4).to(dtype)
     g = torch.Generator().manual_seed(13)
-    target = torch.randint(0, vocab, (S, B), generator=g)
-    target[0, 0] = target[3, 1] = -100
-    target[5, 0] = 7
+    base = torch.randint(0, vocab, (S, B), generator=g)
+    base[5, 0] = 7
     for smoothing, ignore in itertools.product([0.0, 0.1], [-100, 7]):
+        target = base.clone()
+        target[0, 0] = target[3, 1] = ignore
         what = f"cross-entropy tp{tp} label_smoothing={smoothing} ignore_index={ignore}"
         zr = logits.clone().float().requires_grad_()
         want = F.cross_entropy(zr.flatten(0, 1), target.flatten(), reduction="none",

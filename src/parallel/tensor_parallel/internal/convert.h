@@ -1,4 +1,4 @@
-// Element conversions for the CPU tensor-parallel kernels, which compute
+// Element conversions for the CPU tensor-parallel kernels (over base/half.h), which compute
 // fp16 and bf16 data in fp32: widen the operands, run the fp32 BLAS GEMM,
 // narrow the result once (round to nearest even).
 //
