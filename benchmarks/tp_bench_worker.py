@@ -32,8 +32,8 @@ def parse():
     ap.add_argument("--tokens", type=int, default=1024)  # seq * batch (batch 4)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--ffn", type=int, default=2048)
-    ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=21)
     return ap.parse_args()
 
 
