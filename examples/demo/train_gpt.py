@@ -56,9 +56,11 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         print(f"\nTraining a {layers}-layer GPT ({hidden} hidden, {heads} heads, "
               f"{n_params:,} parameters on each rank) on {len(text):,} bytes of strata's docs", flush=True)
         print(f"dp {dp.size} x tp {tp.size} on {world.size} ranks, sequence parallelism on, "
-              f"{tokens_per_step} tokens per step, {steps} steps\n", flush=True)
+              f"{tokens_per_step} tokens per step, {steps} steps (loss: mean since the previous "
+              "line; ms/step: mean since the start)\n", flush=True)
     flat = torch.zeros(sum(p.numel() for p in params))
     first = None
+    window = []  # losses since the last line printed
     start = last = time.perf_counter()
     for step in range(1, steps + 1):
         ids, targets = batch(text, step, dp.rank, seq, batch_size)
@@ -81,11 +83,15 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         dp.allreduce(shown, op="avg")
         now = time.perf_counter()
         first = first if first is not None else shown.item()
-        if world.rank == 0 and (step % 10 == 0 or step == 1 or step == steps):
+        window.append(shown.item())
+        if world.rank == 0 and (step % 25 == 0 or step == 1 or step == steps):
             per_step = (now - start) / step
-            print(f"{bar(step / steps)} step {step:4d}/{steps}  loss {shown.item():.3f}  "
+            mean = sum(window) / len(window)
+            print(f"{bar(step / steps)} step {step:4d}/{steps}  loss {mean:.3f}  "
                   f"{tokens_per_step / per_step:7.0f} tokens/s  {per_step * 1e3:6.1f} ms/step",
                   flush=True)
+        if step % 25 == 0 or step == 1:
+            window = []
         last = now
     continuation = sample(model, tp, seq)  # collective over tp
     if world.rank == 0:
@@ -97,10 +103,13 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
     return first, shown.item()
 
 
-def sample(model, tp, seq, length=80):
-    """Greedy continuation of a prompt; collective over the tp group."""
+def sample(model, tp, seq, length=120, temperature=0.8):
+    """A continuation of a prompt, sampled at ``temperature`` from a fixed
+    seed; collective over the tp group (every rank draws the same bytes,
+    since the all-gathered logits are the same everywhere)."""
     prompt = b"strata "
     ids = list(prompt)
+    gen = torch.Generator().manual_seed(0)
     model.eval()
     with torch.no_grad():
         for _ in range(length):
@@ -111,6 +120,7 @@ def sample(model, tp, seq, length=80):
             logits = model(x)[len(window) - 1, 0]  # this rank's vocabulary shard
             full = torch.empty(logits.numel() * tp.size)
             tp.allgather(full, logits.contiguous())
-            ids.append(int(full.argmax()))
+            probs = torch.softmax(full / temperature, dim=0)
+            ids.append(int(torch.multinomial(probs, 1, generator=gen)))
     model.train()
     return bytes(ids[len(prompt):]).decode("utf-8", errors="replace")
