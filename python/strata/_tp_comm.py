@@ -11,6 +11,8 @@ only (the MPI backend); the result lands back on the tensor's device.
 
 import torch
 
+from .errors import InvalidArgument
+
 __all__ = []
 
 
@@ -84,8 +86,8 @@ def reduce_scatter_rows(t, group, async_op=False):
     if n == 1:
         return (t, _Pending()) if async_op else t
     if t.shape[0] % n:
-        raise ValueError(f"reduce-scatter along dim 0: {t.shape[0]} rows are not divisible by "
-                         f"the group size {n}")
+        raise InvalidArgument(f"sequence parallelism: {t.shape[0]} rows (the sequence dimension) "
+                              f"are not divisible by the tensor-parallel size {n}")
     src = _host(t.contiguous())
     out = torch.empty((t.shape[0] // n,) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
     work = group.reduce_scatter(out, src, async_op=True)

@@ -68,6 +68,11 @@ def test_gpt_loss_falls_in_one_process():
     assert loss.item() < 0.5 * first
 
 
+def test_strata_nn_is_loaded_on_first_use():
+    import importlib
+    assert strata.nn is importlib.import_module("strata.nn")
+
+
 def test_argument_errors():
     with pytest.raises(strata.InvalidArgument, match="group must be a strata.World"):
         snn.RowParallelLinear(4, 4, group=3)

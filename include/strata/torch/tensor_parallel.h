@@ -26,6 +26,9 @@
 // Errors: as torch's own modules do, these throw c10::Error (the message of
 // the strata Status: invalid options, wrong shapes, a failed collective).
 //
+// Lifetime: the autograd graph refers to the module's kernel, so a module
+// must outlive the backward pass of the outputs it produced.
+//
 // Thread-safety: a module is not thread-safe (as torch::nn modules).
 #pragma once
 
