@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tensor-parallel benchmark driver: strata.nn's column- and row-parallel
-layers on 4 CPU ranks (tp = 4), forward + backward, against
+layers, and the C++ kernels under them (tp_kernels_bench), on 4 CPU ranks
+(tp = 4), forward + backward, against
   1. the sum of their parts measured alone in the same run: the local GEMMs
      (torch) plus the layer's collectives (strata). Target <= 1.10x: the
      layer adds little beyond its parts (overlap may take it below 1);
@@ -48,6 +49,7 @@ def main():
         ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["STRATA_BENCH_PORT"] = str(free_port())
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # one thread per rank, as torch
     # torch warns at exit about DTensor's internal collectives; not ours.
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with tempfile.TemporaryDirectory() as tmp:
@@ -63,6 +65,13 @@ def main():
         subprocess.run(cmd, check=True, env=env, timeout=1800)
         with open(out) as f:
             doc = json.load(f)
+        kernels = [mpirun] + cmd[1:cmd.index("-np") + 2] + [
+            os.path.join(args.build, "benchmarks", "tp_kernels_bench"),
+            "--tokens", str(args.tokens), "--hidden", str(args.hidden), "--ffn", str(args.ffn),
+            "--rounds", str(args.rounds)]
+        run = subprocess.run(kernels, check=True, env=env, timeout=1800, capture_output=True,
+                             text=True)
+        cpp = json.loads(run.stdout.strip().splitlines()[-1])
     rows = []
     for c in doc["results"]:
         parts = c["gemm_ms"] + c["comm_ms"]
@@ -72,6 +81,11 @@ def main():
         rows.append({"case": c["case"], "metric": "fwd+bwd", "unit": "ms",
                      "strata": c["layer_ms"], "peer": "torch TP (DTensor) over gloo",
                      "peer_value": c["torch_tp_ms"], "target": "<= 1.0"})
+    for c in cpp["results"]:
+        rows.append({"case": "C++ kernel, " + c["case"],
+                     "metric": "fwd+bwd vs sgemms + collectives alone", "unit": "ms",
+                     "strata": c["layer_ms"], "peer": "sum of parts",
+                     "peer_value": c["gemm_ms"] + c["comm_ms"], "target": "<= 1.10"})
     for case in ("column/row-parallel backward with overlap (GPU)",
                  "bf16 column/row layer throughput vs torch.matmul (GPU)"):
         rows.append({"case": case, "metric": "not measured: no GPU machine this session",
