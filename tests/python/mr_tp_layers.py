@@ -222,3 +222,11 @@ def test_errors_name_the_sizes(world):
         snn.vocab_parallel_cross_entropy(z, torch.tensor([0, 4 * tp]), group=world)
     with pytest.raises(strata.InvalidArgument, match="group must be a strata.World"):
         snn.ColumnParallelLinear(4, 4, group="tp")
+    row = snn.RowParallelLinear(8 * tp, 4, group=world, input_is_parallel=True,
+                                sequence_parallel=True)
+    with pytest.raises(strata.InvalidArgument, match=f"{tp + 1} rows \\(the sequence dimension\\) "
+                                                     "are not divisible"):
+        row(torch.zeros(tp + 1, 1, 8))
+    sp_emb = snn.VocabParallelEmbedding(8, 4, group=world, sequence_parallel=True)
+    with pytest.raises(strata.InvalidArgument, match="are not divisible by the tensor-parallel"):
+        sp_emb(torch.zeros(tp + 1, 1, dtype=torch.long))

@@ -195,6 +195,20 @@ TEST(EmbeddingErrors, CreateAndCall) {
              "4 ids without data");
 }
 
+TEST(VocabErrors, GroupsOnDeviceMemoryAreRejected) {
+  testing::FakeGroup group(2, testing::FakeOrdering::kMatchPosted, "tp", MemoryKind::kCuda);
+  auto comm = group.Comm(0);
+  EmbeddingOptions e;
+  e.num_embeddings = 8;
+  e.embedding_dim = 2;
+  ExpectCode(VocabParallelEmbedding::Create(e, *comm).status(), absl::StatusCode::kInvalidArgument,
+             "group tp does not communicate host memory");
+  CrossEntropyOptions c;
+  c.vocab_size = 8;
+  ExpectCode(VocabParallelCrossEntropy::Create(c, *comm).status(),
+             absl::StatusCode::kInvalidArgument, "group tp does not communicate host memory");
+}
+
 TEST(CrossEntropyErrors, CreateAndCall) {
   testing::FakeGroup group(2, testing::FakeOrdering::kMatchPosted, "tp");
   auto comm = group.Comm(0);
@@ -234,6 +248,11 @@ TEST(CrossEntropyErrors, CreateAndCall) {
              absl::StatusCode::kInvalidArgument, "logits is [2, 8] fp32, expected [tokens, 4]");
   ExpectCode((*ce)->Forward({z.cref(), t.data(), nullptr, lse.data()}),
              absl::StatusCode::kInvalidArgument, "loss and log_sum_exp are required");
+  ExpectCode((*ce)->Forward({z.cref(), nullptr, loss.data(), lse.data()}),
+             absl::StatusCode::kInvalidArgument, "target is null");
+  ConstMatrixRef empty(nullptr, 2, 4, DataType::kFloat32);
+  ExpectCode((*ce)->Forward({empty, t.data(), loss.data(), lse.data()}),
+             absl::StatusCode::kInvalidArgument, "logits has no data");
   HostMatrix short_dz(1, 4, DataType::kFloat32);
   ExpectCode((*ce)->Backward({z.cref(), t.data(), lse.data(), g.data(), short_dz.ref()}),
              absl::StatusCode::kInvalidArgument, "grad_logits has 1 rows, logits 2");
