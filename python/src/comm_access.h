@@ -33,7 +33,7 @@ struct GroupRef {
   Communicator* comm = nullptr;
 };
 
-// The communicator of `group`, a strata._Group (strata.Group._raw). Raises
+// The communicator of `group`, a strata.Group or its strata._Group. Raises
 // strata.InvalidArgument for another object and strata.CommError when its
 // world was destroyed.
 GroupRef GroupRefOf(pybind11::handle group);

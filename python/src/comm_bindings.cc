@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm_access.h"
+#include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
 #include "strata/comm/backend.h"
@@ -433,7 +434,7 @@ Registration reg(kOrderWorld, [](py::module_& m) {
 GroupRef GroupRefOf(py::handle group) {
   PyGroup* g = nullptr;
   try {
-    g = py::cast<PyGroup*>(group);
+    g = py::cast<PyGroup*>(py::hasattr(group, "_raw") ? group.attr("_raw") : group);
   } catch (const py::cast_error&) {
     RaiseStatus(
         absl::InvalidArgumentError(absl::StrCat("expected a strata group, got ",
@@ -450,6 +451,18 @@ GroupRef GroupRefOf(py::handle group) {
   ref.alive = [o = owner.get()] { return o->alive(); };
   ref.owner = std::move(owner);
   return ref;
+}
+
+Communicator& GroupCommunicator(py::handle group) {
+  py::handle raw = group;
+  if (py::hasattr(group, "_raw")) raw = group.attr("_raw");
+  if (!py::isinstance<PyGroup>(raw)) {
+    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "expected a strata.Group (world.group(...)), got ",
+                    py::str(py::type::of(group).attr("__name__")).cast<std::string>())),
+                ErrorArea::kGeneric);
+  }
+  return raw.cast<PyGroup&>().comm();
 }
 
 }  // namespace strata::bindings
