@@ -7,8 +7,8 @@ those of the whole model run unpipelined, unsharded, on the whole batch in
 one process (computed here); 20 steps of SGD under 1F1B follow its loss
 curve.
 
-The tensor-parallel layers are written here (two autograd functions over
-strata collectives) so that this test needs nothing beyond the pipeline.
+The tensor-parallel layers are strata.nn's ColumnParallelLinear and
+RowParallelLinear on the world's tp group.
 """
 
 import copy
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import strata
+from strata import nn as snn
 from strata import pipeline
 
 N = int(os.environ["STRATA_TEST_NP"])
@@ -42,35 +43,6 @@ def agree(world, problems):
     assert flag.item() == 0, "failed on another rank (see its report)"
 
 
-class _CopyToTP(torch.autograd.Function):
-    """Identity forward; the input's gradient is summed over tp."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.contiguous().clone()
-        ctx.group.allreduce(g)
-        return g, None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """Sum over tp forward; identity backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous().clone()
-        group.allreduce(x)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
 class Block(nn.Module):
     """h + W2 tanh(W1 h + b1) + b2: the unsharded reference."""
 
@@ -84,28 +56,32 @@ class Block(nn.Module):
 
 
 class TPBlock(nn.Module):
-    """The same block with fc1's rows and fc2's columns split over tp."""
+    """The same block from strata.nn's tensor-parallel layers: fc1
+    column-parallel (its rows split over tp), fc2 row-parallel (its columns
+    split), each shard copied from the reference."""
 
     def __init__(self, full, tp):
         super().__init__()
         n = HIDDEN // tp.size
         rows = slice(tp.rank * n, (tp.rank + 1) * n)
-        self.tp = tp
-        self.w1 = nn.Parameter(full.fc1.weight.detach()[rows].clone())
-        self.b1 = nn.Parameter(full.fc1.bias.detach()[rows].clone())
-        self.w2 = nn.Parameter(full.fc2.weight.detach()[:, rows].clone())
-        self.b2 = nn.Parameter(full.fc2.bias.detach().clone())
+        self.fc1 = snn.ColumnParallelLinear(D, HIDDEN, group=tp, dtype=DTYPE)
+        self.fc2 = snn.RowParallelLinear(HIDDEN, D, group=tp, input_is_parallel=True,
+                                         dtype=DTYPE)
+        with torch.no_grad():
+            self.fc1.weight.copy_(full.fc1.weight[rows])
+            self.fc1.bias.copy_(full.fc1.bias[rows])
+            self.fc2.weight.copy_(full.fc2.weight[:, rows])
+            self.fc2.bias.copy_(full.fc2.bias)
         self.rows = rows
 
     def forward(self, h):
-        x = _CopyToTP.apply(h, self.tp)
-        partial = torch.tanh(x @ self.w1.T + self.b1) @ self.w2.T
-        return h + _ReduceFromTP.apply(partial, self.tp) + self.b2
+        return h + self.fc2(torch.tanh(self.fc1(h)))
 
     def reference_grads(self, full):
         """The slices of the reference's gradients that this shard holds."""
-        return {"w1": full.fc1.weight.grad[self.rows], "b1": full.fc1.bias.grad[self.rows],
-                "w2": full.fc2.weight.grad[:, self.rows], "b2": full.fc2.bias.grad}
+        return {"fc1.weight": full.fc1.weight.grad[self.rows],
+                "fc1.bias": full.fc1.bias.grad[self.rows],
+                "fc2.weight": full.fc2.weight.grad[:, self.rows], "fc2.bias": full.fc2.bias.grad}
 
 
 class Stage(nn.Module):
@@ -196,7 +172,7 @@ class Setup:
             problems.append("the last stage returned no losses")
         for s in self.mine:
             for name, ref in self.tp_blocks[s].reference_grads(self.blocks[s]).items():
-                got = getattr(self.tp_blocks[s], name).grad
+                got = self.tp_blocks[s].get_parameter(name).grad
                 if not torch.allclose(got, ref, rtol=tol, atol=tol):
                     problems.append(f"stage {s} {name}: max error {(got - ref).abs().max()}")
         if self.my_head is not None:
