@@ -164,6 +164,13 @@ def test_what_a_stage_returns_is_checked():
     with strata.init() as w:
         e = failing_step(w, Complex(), num_stages=2)
     assert "stage 0's output 0 has dtype torch.complex64, which strata cannot send" in str(e)
+    class Elsewhere(torch.nn.Module):  # a device the host backend cannot send from
+        def forward(self, x, ids):
+            return x.to("meta")
+
+    with strata.init() as w:
+        e = failing_step(w, Elsewhere(), num_stages=2)
+    assert "stage 0's output 0 is on meta; the mpi backend sends cpu tensors" in str(e)
     with strata.init() as w:
         e = failing_step(w, make_stages(1)[0], loss=lambda out, y: out - y)
     assert "loss_fn must return a tensor of one element" in str(e)
