@@ -5,6 +5,7 @@
 // Implementations:
 //   OpenFileStore      a directory on a filesystem every rank sees (a shared
 //                      filesystem across nodes, any directory on one node);
+//   MakeMemoryStore    this process's memory (ranks that are threads);
 //   MakeCallbackStore  forwards to functions: the Python bindings wrap
 //                      torch.distributed's TCPStore (what torchrun provides at
 //                      MASTER_ADDR:MASTER_PORT) with it;
@@ -94,6 +95,12 @@ struct STRATA_EXPORT FileStoreOptions {
 // promptly. InvalidArgument when the options are bad, Unavailable (naming the
 // path and errno) when the directory cannot be created or written.
 STRATA_EXPORT absl::StatusOr<std::shared_ptr<Store>> OpenFileStore(const FileStoreOptions& options);
+
+// ---- memory store -------------------------------------------------------------
+
+// A store in this process's memory: for ranks that are threads of one
+// process (tests) and for a world of one rank.
+STRATA_EXPORT std::shared_ptr<Store> MakeMemoryStore();
 
 // ---- stores made of functions ----------------------------------------------
 
