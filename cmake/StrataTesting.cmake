@@ -6,6 +6,12 @@ find_package(GTest REQUIRED)
 
 set(STRATA_TEST_PYTHONPATH ${PROJECT_BINARY_DIR}/python)
 set(STRATA_MULTIRANK ${PROJECT_SOURCE_DIR}/tests/tools/run_multirank.sh)
+set(STRATA_TORCHRUN ${PROJECT_SOURCE_DIR}/tests/tools/run_torchrun.sh)
+# torchrun comes with torch; the store-bootstrapped suites need it and Gloo.
+set(STRATA_CAN_TORCHRUN FALSE)
+if(STRATA_HAVE_GLOO AND STRATA_TORCH_DIR)
+  set(STRATA_CAN_TORCHRUN TRUE)
+endif()
 
 # strata_add_gtest(<name> SOURCES a.cc ... [LIBS ...] [TIMEOUT s])
 # A single-process GoogleTest binary; each TEST becomes a CTest test.
@@ -47,6 +53,23 @@ function(strata_add_multirank_test name)
   # CTest's own limit is a backstop above the runner's.
   math(EXPR _backstop "${A_TIMEOUT} + 30")
   set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;${A_LABELS}"
+                       ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
+endfunction()
+
+# strata_add_torchrun_test(<name> NP <n> [TIMEOUT s] COMMAND torchrun-program-args...)
+# Runs under `torchrun --standalone --nproc-per-node n` (tests/tools/run_torchrun.sh),
+# on the Gloo backend: e.g. COMMAND --no-python $<TARGET_FILE:t>, or -m pytest ...
+function(strata_add_torchrun_test name)
+  cmake_parse_arguments(A "" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 180)
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${STRATA_TORCHRUN} --python ${Python3_EXECUTABLE} --np ${A_NP}
+                   --timeout ${A_TIMEOUT} -- ${A_COMMAND}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  math(EXPR _backstop "${A_TIMEOUT} + 30")
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;torchrun;${A_LABELS}"
                        ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
 endfunction()
 

@@ -94,7 +94,7 @@ comm_internal::GroupInfo GlooCommunicator::info() const {
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
-    const std::string& what, const OpOptions& options, RunFn run,
+    Kind kind, const std::string& what, const OpOptions& options, RunFn run,
     std::function<absl::Status(absl::Time)> finish, std::function<void()> interrupt) {
   if (options.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " on ", health_.where(), ": timeout ",
@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
   STRATA_RETURN_IF_ERROR(health_.CheckUsable(description));
   auto op = std::make_shared<QueuedOp>();
   op->pending = std::make_shared<comm_internal::PendingOp>(description, absl::Now() + timeout);
-  const uint32_t tag = next_tag_++;
+  const uint32_t tag = kind == Kind::kCollective ? next_tag_++ : 0;
   const std::string limit = absl::FormatDuration(timeout);
   // A Gloo timeout is the operation's own timeout: say which it was.
   auto name_timeout = [limit](absl::Status s) {
@@ -137,7 +137,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduce(ConstBuffer se
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidateAllReduce(info(), send, recv, op, GlooCapabilities()));
   const int n = size();
-  return Start(DescribeOp("allreduce", ReduceOpName(op), recv), options,
+  return Start(Kind::kCollective, DescribeOp("allreduce", ReduceOpName(op), recv), options,
                [this, send, recv, op, n](const Step& step) {
                  if (recv.count == 0) return absl::OkStatus();
                  if (send.data != recv.data) {
@@ -158,8 +158,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(Buffer buffer,
                                                                   const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidateBroadcast(info(), buffer, root, GlooCapabilities()));
-  return Start(DescribeOp("broadcast", absl::StrCat("root ", root), buffer), options,
-               [this, buffer, root](const Step& step) {
+  return Start(Kind::kCollective, DescribeOp("broadcast", absl::StrCat("root ", root), buffer),
+               options, [this, buffer, root](const Step& step) {
                  if (buffer.count == 0) return absl::OkStatus();
                  return FromPlugin(
                      context_->Broadcast(buffer.data, Bytes(buffer.count, buffer.dtype), root,
@@ -175,7 +175,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Reduce(ConstBuffer send,
       comm_internal::ValidateReduce(info(), send, recv, op, root, GlooCapabilities()));
   const int n = size();
   const bool is_root = rank() == root;
-  return Start(DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send), options,
+  return Start(Kind::kCollective,
+               DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send), options,
                [this, send, recv, op, root, n, is_root](const Step& step) {
                  if (send.count == 0) return absl::OkStatus();
                  // Off the root, `recv` is ignored (the plugin uses scratch).
@@ -197,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(ConstBuffer se
   const size_t block = Bytes(send.count, send.dtype);
   const bool in_place =
       send.data != nullptr && send.data == static_cast<char*>(recv.data) + block * rank();
-  return Start(DescribeOp("allgather", "", send), options,
+  return Start(Kind::kCollective, DescribeOp("allgather", "", send), options,
                [this, send, recv, block, in_place](const Step& step) {
                  if (block == 0) return absl::OkStatus();
                  return FromPlugin(context_->AllGather(in_place ? nullptr : send.data, recv.data,
@@ -213,7 +214,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(ConstBuffe
       comm_internal::ValidateReduceScatter(info(), send, recv, op, GlooCapabilities()));
   const int n = size();
   return Start(
-      DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
+      Kind::kCollective, DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
       [this, send, recv, op, n](const Step& step) {
         if (recv.count == 0) return absl::OkStatus();
         STRATA_RETURN_IF_ERROR(FromPlugin(
@@ -232,7 +233,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAll(ConstBuffer sen
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(info(), send, recv, GlooCapabilities()));
   const size_t bytes = Bytes(send.count, send.dtype);
   const size_t block = bytes / static_cast<size_t>(size());
-  return Start(DescribeOp("all_to_all", "", send), options,
+  return Start(Kind::kCollective, DescribeOp("all_to_all", "", send), options,
                [this, send, recv, bytes, block](const Step& step) {
                  if (block == 0) return absl::OkStatus();
                  // In place: Gloo needs distinct buffers; send from a copy.
@@ -257,7 +258,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAllV(ConstBuffer se
   std::vector<int64_t> send_counts(counts.send_counts.begin(), counts.send_counts.end());
   std::vector<int64_t> recv_counts(counts.recv_counts.begin(), counts.recv_counts.end());
   return Start(
-      DescribeOp("all_to_all_v", "", send), options,
+      Kind::kCollective, DescribeOp("all_to_all_v", "", send), options,
       [this, send, recv, send_counts, recv_counts](const Step& step) {
         std::vector<char> staged;
         const void* source = send.data;
@@ -274,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAllV(ConstBuffer se
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions& options) {
-  return Start(DescribeOp("barrier", ""), options, [this](const Step& step) {
+  return Start(Kind::kCollective, DescribeOp("barrier", ""), options, [this](const Step& step) {
     return FromPlugin(context_->Barrier(step.tag, step.timeout_ms), step.description);
   });
 }
@@ -290,7 +291,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
   t->header = Bytes(buffer.count, buffer.dtype);
   const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
   auto result = Start(
-      what, options,
+      Kind::kPointToPoint, what, options,
       [this, t, buffer, peer](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
         STRATA_RETURN_IF_ERROR(FromPlugin(
@@ -319,7 +320,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
   const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
   const size_t capacity = Bytes(buffer.count, buffer.dtype);
   return Start(
-      what, options,
+      Kind::kPointToPoint, what, options,
       [this, t, peer](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
         return FromPlugin(

@@ -114,10 +114,14 @@ class GlooCommunicator final : public Communicator {
     const std::string& description;
   };
   using RunFn = std::function<absl::Status(const Step& step)>;
+  // Collectives take the next tag (every rank issues the same collectives,
+  // so tags agree); point-to-point operations, which only some ranks issue,
+  // take none.
+  enum class Kind { kCollective, kPointToPoint };
   // Queues an operation; `finish` (optional) runs on the completer thread
   // with the operation's deadline, `interrupt` (optional) makes it return.
-  absl::StatusOr<std::unique_ptr<Work>> Start(const std::string& what, const OpOptions& options,
-                                              RunFn run,
+  absl::StatusOr<std::unique_ptr<Work>> Start(Kind kind, const std::string& what,
+                                              const OpOptions& options, RunFn run,
                                               std::function<absl::Status(absl::Time)> finish = {},
                                               std::function<void()> interrupt = {});
   comm_internal::GroupInfo info() const;
