@@ -73,6 +73,7 @@ function(strata_add_torchrun_test name)
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   math(EXPR _backstop "${A_TIMEOUT} + 30")
   set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;torchrun;${A_LABELS}"
+                       RESOURCE_LOCK mpirun
                        ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
 endfunction()
 
@@ -96,4 +97,17 @@ function(strata_add_pytest name)
     set_tests_properties(${name} PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "python;${A_LABELS}"
                          ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
   endif()
+endfunction()
+
+# strata_add_torchrun_pytest(<name> FILES f.py... NP n [TIMEOUT s])
+# pytest on n processes under torchrun; strata.init bootstraps through
+# torchrun's TCPStore.
+function(strata_add_torchrun_pytest name)
+  cmake_parse_arguments(A "" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
+  if(NOT STRATA_CAN_TORCHRUN)
+    return()
+  endif()
+  strata_add_torchrun_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT}
+                           COMMAND -m pytest -q -p no:cacheprovider -x ${A_ARGS} ${A_FILES}
+                           LABELS "python;${A_LABELS}")
 endfunction()

@@ -8,9 +8,11 @@
 #   run_torchrun.sh --np 4 -- -m pytest -q tests/python/mr_comm.py
 #
 # Exports STRATA_TEST_NP=N and STRATA_TEST_BACKEND (default gloo) for the
-# tests, and STRATA_STORE=file:<a fresh directory> for C++ programs, which
-# have no client for torchrun's TCP store (Python programs use torchrun's
-# store through torch). The directory is removed afterwards.
+# tests, and, for C++ programs (--no-python), STRATA_STORE=file:<a fresh
+# directory>: the test binaries do not link LibTorch, so they have no client
+# for torchrun's TCPStore. Python programs bootstrap through torchrun's own
+# store (strata.init connects to MASTER_ADDR:MASTER_PORT). The directory is
+# removed afterwards.
 set -u
 python=${PYTHON:-python3}
 np=2
@@ -30,7 +32,9 @@ store_dir=$(mktemp -d "${TMPDIR:-/tmp}/strata_torchrun.XXXXXX")
 trap 'rm -rf "$store_dir"' EXIT
 export STRATA_TEST_NP=$np
 export STRATA_TEST_BACKEND=${STRATA_TEST_BACKEND:-gloo}
-export STRATA_STORE=${STRATA_STORE:-file:$store_dir}
+if [ "$1" = "--no-python" ]; then
+  export STRATA_STORE=${STRATA_STORE:-file:$store_dir}
+fi
 # One thread per process for torch's CPU kernels: ranks outnumber cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 timeout --kill-after=15 "$limit" "$python" -m torch.distributed.run --standalone \

@@ -302,7 +302,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
             context_->Send(buffer.data, t->header, peer, kPayloadSlot, &t->payload_op),
             step.description);
       },
-      [this, t, what](absl::Time deadline) {
+      [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
         absl::Status s = t->Await(t->header_op.get(), deadline, what);
         if (s.ok() && t->payload_op) s = t->Await(t->payload_op.get(), deadline, what);
         if (!s.ok()) Bury(t);
@@ -327,7 +327,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
             context_->Recv(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
             step.description);
       },
-      [this, t, buffer, peer, capacity, what](absl::Time deadline) -> absl::Status {
+      [this, t, buffer, peer, capacity,
+       what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
         absl::Status s = t->Await(t->header_op.get(), deadline, what);
         const size_t incoming = static_cast<size_t>(t->header);
         if (s.ok() && incoming != 0) {

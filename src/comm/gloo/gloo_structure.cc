@@ -271,10 +271,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Shrink(
 }
 
 absl::Status GlooCommunicator::Abort() {
-  // Pending operations first, so that they fail with this message rather
-  // than with the closed connections'.
-  queue_->FailAll(absl::AbortedError("the communicator was aborted by this rank"));
+  // Aborted first: interrupting the running operation makes it fail, and
+  // OnError must not take that failure for a revoke. Then the pending
+  // operations, so that they fail with this message rather than with the
+  // closed connections'.
   health_.SetAborted();
+  queue_->FailAll(absl::AbortedError("the communicator was aborted by this rank"));
   CloseConnections();
   return absl::OkStatus();
 }
