@@ -10,7 +10,7 @@
 //                      torch.distributed's TCPStore (what torchrun provides at
 //                      MASTER_ADDR:MASTER_PORT) with it;
 //   strata::torch::ConnectC10dStore (include/strata/torch/c10d_store.h, in
-//                      the strata_torch_store target) wraps LibTorch's c10d
+//                      the strata::torch target) wraps LibTorch's c10d
 //                      TCPStore for C++ trainers that link LibTorch.
 //
 //   absl::StatusOr<std::shared_ptr<strata::Store>> store =
@@ -26,7 +26,7 @@
 // byte strings, except that Add keeps a decimal integer.
 //
 // Scale: strata's bootstrap uses O(1) store operations per rank where the
-// backend allows it (one rank publishes, the others read); see docs/nccl.md.
+// backend allows it (one rank publishes, the others read); see docs/launch.md.
 //
 // Thread-safety: every Store is thread-safe.
 #pragma once
