@@ -155,3 +155,18 @@ def test_init_rejects_bad_store_arguments():
         strata.init(backend="gloo", env=env, store_timeout=-1)
     with pytest.raises(strata.InvalidArgument, match="torch.distributed.Store"):
         strata.init(backend="gloo", env=env, store="file:/tmp/x")
+
+
+def test_auto_picks_mpi_under_mpirun_and_gloo_under_torchrun():
+    if "gloo" not in strata.available_backends() or "mpi" not in strata.available_backends():
+        pytest.skip(f"needs mpi and gloo; built: {strata.available_backends()}")
+    mpirun = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+              "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    resolve = strata._strata.resolve_backend
+    gpu = "nccl" in strata.available_backends() and strata.topology.detect().gpus
+    host = "nccl" if gpu else None  # with a visible GPU, auto picks NCCL first
+    assert resolve(strata.launch_env(mpirun), "auto") == (host or "mpi")
+    assert resolve(strata.launch_env(torchrun_env(29500)), "auto") == (host or "gloo")
+    assert resolve(strata.launch_env(torchrun_env(29500)), "mpi") == "mpi"
+    with pytest.raises(strata.InvalidArgument, match="unknown backend .tcp."):
+        resolve(strata.launch_env(mpirun), "tcp")
