@@ -91,8 +91,19 @@ void GlooQueue::Work() {
       }
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       running_ = false;
+      // Nothing to finish and no earlier operation still with the
+      // completer: complete here, in issue order still, and save the
+      // waiter a hop through the completer thread (on a loaded machine
+      // each hop can cost a scheduler time slice).
+      if (!op->finish && finishing_ == 0) {
+        lock.unlock();
+        op->pending->Complete(s);
+        Forget(op.get());
+        continue;
+      }
+      ++finishing_;
       to_finish_.emplace_back(std::move(op), std::move(s));
     }
     done_cv_.notify_one();
@@ -117,6 +128,8 @@ void GlooQueue::Complete() {
     }
     op->pending->Complete(s);
     Forget(op.get());
+    std::lock_guard<std::mutex> lock(mu_);
+    --finishing_;
   }
 }
 

@@ -84,6 +84,8 @@ class GlooQueue {
   // Every submitted operation not yet completed, for FailAll.
   std::vector<std::shared_ptr<QueuedOp>> live_;
   bool running_ = false;
+  // Operations handed to the completer and not yet completed by it.
+  int finishing_ = 0;
   bool stop_ = false;
   std::thread worker_;
   std::thread completer_;
