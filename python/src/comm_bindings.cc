@@ -23,6 +23,7 @@
 #include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
+#include "store_handle.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
@@ -265,12 +266,14 @@ class PyWorld {
 
 std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<double> timeout,
-                                   std::optional<std::map<std::string, std::string>> env) {
+                                   std::optional<std::map<std::string, std::string>> env,
+                                   std::optional<PyStore> store) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
   options.root.backend = backend;
   if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
+  if (store) options.root.store = store->store;
   absl::StatusOr<std::unique_ptr<World>> world;
   {
     py::gil_scoped_release release;
@@ -424,7 +427,14 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def("destroy", &PyWorld::Destroy);
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
-        py::arg("env") = py::none());
+        py::arg("env") = py::none(), py::arg("store") = py::none());
+  m.def(
+      "resolve_backend",
+      [](const LaunchEnv& env, const std::string& backend) {
+        return Unwrap(ResolveBackend(env, backend), ErrorArea::kComm);
+      },
+      py::arg("env"), py::arg("backend"),
+      "The backend strata.init(backend=...) picks for this launch: 'mpi', 'gloo' or 'nccl'.");
   m.def("available_backends", &AvailableBackends, "The communication backends in this build.");
 });
 

@@ -26,6 +26,7 @@ Without a launcher, ``strata.init()`` gives a world of one rank.
 """
 
 import atexit
+import os
 import weakref
 
 from . import _strata
@@ -42,7 +43,8 @@ def _buffer(obj, what, writable):
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
         if obj.device.type != "cpu":
             raise InvalidArgument(
-                f"{what}: the mpi backend works on CPU tensors; got a tensor on {obj.device}")
+                f"{what}: the mpi and gloo backends work on CPU tensors; got a tensor on "
+                f"{obj.device}")
         if not obj.is_contiguous():
             raise InvalidArgument(
                 f"{what}: tensor must be contiguous (call .contiguous()); got shape "
@@ -108,7 +110,7 @@ class Group:
     rank = property(lambda self: self._raw.rank, doc="This rank's index in the group.")
     size = property(lambda self: self._raw.size, doc="Number of ranks in the group.")
     name = property(lambda self: self._raw.name, doc="The group's name ('tp', 'dp-cp', ...).")
-    backend = property(lambda self: self._raw.backend, doc="'mpi'.")
+    backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
 
     def _run(self, work, async_op):
         if async_op:
@@ -271,15 +273,24 @@ class World:
         return f"<strata.World rank {self.rank} of {self.size}, {self.mesh!r}>"
 
 
-def init(mesh=None, backend="auto", timeout=None, env=None):
+def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
-    a mesh of pure data parallelism. ``backend``: "auto" (MPI under mpirun,
-    Slurm or no launcher) or "mpi". ``timeout``: seconds each operation may
-    take before it fails (default 600). ``env`` replaces os.environ for
-    launcher detection. Collective: every rank must call it.
+    a mesh of pure data parallelism. ``backend``: "auto" (NCCL where a GPU
+    is visible and NCCL is built; otherwise MPI under mpirun, Slurm or no
+    launcher, and Gloo under torchrun), "mpi", "gloo" or "nccl".
+    ``timeout``: seconds each operation may take before it fails (default
+    600). ``env`` replaces os.environ for launcher detection.
+
+    Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
+    (a :mod:`strata.store` store, or a ``torch.distributed.Store``); by
+    default, $STRATA_STORE when set, else the TCPStore torchrun serves at
+    MASTER_ADDR:MASTER_PORT, reached within ``store_timeout`` seconds
+    (default: ``timeout``, else 300) or :class:`strata.CommError`.
+    Collective: every rank must call it.
     """
+    from . import store as _store
     launch = _strata.launch_env(env)
     if mesh is None:
         mesh = _strata.Mesh(launch.world_size)
@@ -288,4 +299,17 @@ def init(mesh=None, backend="auto", timeout=None, env=None):
     if mesh.world_size != launch.world_size:
         raise MeshError(f"the mesh is for {mesh.world_size} ranks but the job has "
                         f"{launch.world_size} ({launch!r})")
-    return World(_strata._init_world(mesh, backend, timeout, env))
+    if store_timeout is None:
+        store_timeout = 300.0 if timeout is None else float(timeout)
+    if store_timeout <= 0:
+        raise InvalidArgument(f"store_timeout must be positive, got {store_timeout}")
+    keep = None  # a TCPStore this rank serves must outlive the world
+    if store is not None and not isinstance(store, _store.Store):
+        store = _store.from_torch(store)
+    if (store is None and launch.world_size > 1
+            and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
+            and not (env if env is not None else os.environ).get("STRATA_STORE")):
+        keep, store = _store.connect_torchrun(launch, store_timeout, env)
+    world = World(_strata._init_world(mesh, backend, timeout, env, store))
+    world._store = (store, keep)
+    return world
