@@ -66,7 +66,14 @@ absl::StatusOr<std::unique_ptr<NcclApi>> Open(const LibraryChoice& choice) {
     }
     auto api = std::make_unique<NcclApi>();
     api->reason = choice.reason;
-    api->path = RealPath(path).empty() ? path : RealPath(path);
+    // The file the loader found (a bare "libnccl.so.2" names no file).
+    struct link_map* map = nullptr;
+    std::string file = path;
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+        *map->l_name != '\0') {
+      file = map->l_name;
+    }
+    api->path = RealPath(file).empty() ? file : RealPath(file);
     // The table is process-wide and never unloaded (see the header), so the
     // handle is intentionally kept open.
     Bind(handle, "ncclGetVersion", &api->GetVersion);
