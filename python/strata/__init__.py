@@ -20,6 +20,7 @@ from .errors import (
     TopologyError,
 )
 from . import topology  # noqa: E402  (needs _strata loaded)
+from . import nccl  # noqa: E402
 
 __version__ = build_info()["version"]
 
@@ -36,6 +37,7 @@ __all__ = [
     "errors",
     "pipeline",
     "topology",
+    "nccl",
     "Error",
     "InvalidArgument",
     "LaunchError",

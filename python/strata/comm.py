@@ -16,7 +16,8 @@ Under ``mpirun -np 8 python train.py``::
 
 Group methods follow ``torch.distributed``'s names. Ranks given to them
 (``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
-tensors or numpy arrays, contiguous; they are used in place, without
+tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend nccl,
+ordered on the tensor's current torch stream), contiguous; they are used in place, without
 copies, and must not be changed or freed while an asynchronous operation
 runs (the work object keeps them referenced until it completes). Errors
 raise :class:`strata.CommError`, or :class:`strata.RankFailure` when a peer
@@ -40,9 +41,9 @@ def _describe(obj):
 def _buffer(obj, what, writable):
     """(address, element count, dtype name) of a tensor or array, zero-copy."""
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
-        if obj.device.type != "cpu":
+        if obj.device.type not in ("cpu", "cuda"):
             raise InvalidArgument(
-                f"{what}: the mpi backend works on CPU tensors; got a tensor on {obj.device}")
+                f"{what}: strata works on CPU and CUDA tensors; got a tensor on {obj.device}")
         if not obj.is_contiguous():
             raise InvalidArgument(
                 f"{what}: tensor must be contiguous (call .contiguous()); got shape "
@@ -51,6 +52,11 @@ def _buffer(obj, what, writable):
             raise InvalidArgument(
                 f"{what}: a leaf tensor that requires grad cannot be written in place; use "
                 "tensor.detach() or torch.no_grad()")
+        if obj.device.type == "cuda":
+            # Ordered on the tensor's current torch stream, as torch.distributed does.
+            import torch
+            stream = torch.cuda.current_stream(obj.device).cuda_stream
+            return (obj.data_ptr(), obj.numel(), str(obj.dtype), stream)
         return (obj.data_ptr(), obj.numel(), str(obj.dtype))
     interface = getattr(obj, "__array_interface__", None)
     if interface is not None:  # numpy.ndarray and friends
@@ -108,7 +114,9 @@ class Group:
     rank = property(lambda self: self._raw.rank, doc="This rank's index in the group.")
     size = property(lambda self: self._raw.size, doc="Number of ranks in the group.")
     name = property(lambda self: self._raw.name, doc="The group's name ('tp', 'dp-cp', ...).")
-    backend = property(lambda self: self._raw.backend, doc="'mpi'.")
+    backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
+    memory = property(lambda self: self._raw.memory,
+                      doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
     def _run(self, work, async_op):
         if async_op:
@@ -275,8 +283,9 @@ def init(mesh=None, backend="auto", timeout=None, env=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
-    a mesh of pure data parallelism. ``backend``: "auto" (MPI under mpirun,
-    Slurm or no launcher) or "mpi". ``timeout``: seconds each operation may
+    a mesh of pure data parallelism. ``backend``: "auto" (NCCL when a GPU
+    is visible, else MPI under mpirun, Slurm or no launcher), "mpi", "gloo"
+    or "nccl" (CUDA tensors, one GPU per rank: the local rank's device). ``timeout``: seconds each operation may
     take before it fails (default 600). ``env`` replaces os.environ for
     launcher detection. Collective: every rank must call it.
     """

@@ -123,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
   const int visible = VisibleDeviceCount();
   if (visible == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "the nccl backend needs a CUDA device, and none is visible to ", who,
+        "the nccl backend needs a CUDA device: no CUDA device is visible to ", who,
         " (CUDA_VISIBLE_DEVICES, driver); use backend 'mpi' or 'gloo' for CPU tensors"));
   }
   const int device = ChooseDevice(env, options.nccl, visible);
