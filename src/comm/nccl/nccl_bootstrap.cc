@@ -73,10 +73,11 @@ absl::StatusOr<std::string> MakeUniqueId(const NcclApi& api) {
   return std::string(id.internal, sizeof(id.internal));
 }
 
-// The ids through MPI: rank 0 makes them all and broadcasts them (one
-// broadcast of count * 128 bytes).
-absl::StatusOr<std::vector<std::string>> UniqueIdsOverMpi(const NcclApi& api, const LaunchEnv& env,
-                                                          const RootOptions& options, int count) {
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> UniqueIdsOverMpi(
+    const LaunchEnv& env, const RootOptions& options, int count,
+    const std::function<absl::StatusOr<std::string>()>& make_id) {
 #ifdef STRATA_HAVE_MPI
   RootOptions mpi_options = options;
   mpi_options.backend = "mpi";
@@ -86,7 +87,10 @@ absl::StatusOr<std::vector<std::string>> UniqueIdsOverMpi(const NcclApi& api, co
   std::string bytes(static_cast<size_t>(count) * NCCL_UNIQUE_ID_BYTES, '\0');
   if (env.rank == 0) {
     for (int i = 0; i < count; ++i) {
-      STRATA_ASSIGN_OR_RETURN(std::string id, MakeUniqueId(api));
+      STRATA_ASSIGN_OR_RETURN(std::string id, make_id());
+      if (id.size() != NCCL_UNIQUE_ID_BYTES) {
+        return absl::InternalError(absl::StrCat("a unique id of ", id.size(), " bytes"));
+      }
       std::memcpy(&bytes[static_cast<size_t>(i) * NCCL_UNIQUE_ID_BYTES], id.data(), id.size());
     }
   }
@@ -108,6 +112,8 @@ absl::StatusOr<std::vector<std::string>> UniqueIdsOverMpi(const NcclApi& api, co
       "store; from C++ pass RootOptions::store or set STRATA_STORE=file:/shared/dir"));
 #endif
 }
+
+namespace {
 
 int ChooseDevice(const LaunchEnv& env, const NcclOptions& options, int visible) {
   return options.device >= 0 ? options.device : env.local_rank % visible;
@@ -171,7 +177,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                                      *store, env.rank, env.world_size, count,
                                      [api] { return MakeUniqueId(*api); }, deadline));
   } else {
-    STRATA_ASSIGN_OR_RETURN(ids, UniqueIdsOverMpi(*api, env, options, count));
+    STRATA_ASSIGN_OR_RETURN(
+        ids, UniqueIdsOverMpi(env, options, count, [api] { return MakeUniqueId(*api); }));
   }
   std::vector<ncclUniqueId> raw(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {

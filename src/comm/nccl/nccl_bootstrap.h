@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "strata/comm/backend.h"
 #include "strata/comm/store.h"
 
 namespace strata::nccl {
@@ -39,5 +40,12 @@ int UniqueIdOwner(int index, int count, int world_size);
 absl::StatusOr<std::vector<std::string>> ExchangeUniqueIds(
     Store& store, int rank, int world_size, int count,
     const std::function<absl::StatusOr<std::string>()>& make_id, absl::Time deadline);
+
+// Under mpirun: rank 0 calls `make_id` `count` times and broadcasts the ids
+// over a temporary MPI communicator (one broadcast of count * 128 bytes).
+// FailedPrecondition in a build without MPI (saying to use a store).
+absl::StatusOr<std::vector<std::string>> UniqueIdsOverMpi(
+    const LaunchEnv& env, const RootOptions& options, int count,
+    const std::function<absl::StatusOr<std::string>()>& make_id);
 
 }  // namespace strata::nccl
