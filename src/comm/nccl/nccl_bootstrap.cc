@@ -126,6 +126,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                                                              std::shared_ptr<Store> store) {
   STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   const std::string who = absl::StrCat("rank ", env.rank, " of ", env.world_size);
+  if (options.nccl.watchdog_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions::watchdog_interval ",
+                     absl::FormatDuration(options.nccl.watchdog_interval), " must be positive"));
+  }
+  if (options.nccl.device < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions::device ", options.nccl.device, " on ", who,
+                     " must be a device index or -1 (the local rank's device)"));
+  }
+  STRATA_RETURN_IF_ERROR(
+      UniqueIdCount(env.world_size, options.nccl.ranks_per_unique_id, true).status());
   const int visible = VisibleDeviceCount();
   if (visible == 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Wrap(
     s = CudaError(cudaMalloc(reinterpret_cast<void**>(&c->barrier_buffer_), sizeof(float)),
                   "cudaMalloc(barrier)");
   }
+  if (s.ok()) s = CudaError(cudaMemset(c->barrier_buffer_, 0, sizeof(float)), "cudaMemset");
   if (!s.ok()) return internal::Annotate(s, DescribeGroup(c->Group()));
   return c;
 }

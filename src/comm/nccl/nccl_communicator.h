@@ -162,6 +162,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   float* barrier_buffer_ = nullptr;  // one float of device memory
   std::atomic<bool> aborting_{false};
+  // Revoked and quiescent: a shrink needs no NCCL_SHRINK_ABORT.
+  std::atomic<bool> revoked_{false};
 };
 
 }  // namespace strata::nccl

@@ -25,7 +25,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::AdoptChild(
   if (started != ncclSuccess && started != ncclInProgress) {
     s = NcclError(api_, started, what, comm_);
   } else if (child != nullptr) {
+    // Both handles may be in progress: the child until it is built, the
+    // parent until its part of the call is done.
     s = WaitNcclReady(api_, child, deadline, what);
+    if (s.ok()) s = WaitNcclReady(api_, comm_, deadline, what);
   } else {
     // No child (a negative color): the parent finishes its part of the call.
     s = WaitNcclReady(api_, comm_, deadline, what);
@@ -84,7 +87,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   // After a failure the parent's operations may never finish: NCCL must
   // abort them first (NCCL_SHRINK_ABORT), and the parent is then released
   // with abort.
-  const bool failed = !tracker_->health().healthy() || family_->failed.load();
+  // A revoked communicator is quiescent (NCCL's revoke waits for that), so
+  // the plain shrink applies to it.
+  const bool failed = !revoked_.load() && (!tracker_->health().healthy() || family_->failed.load());
   std::vector<int> ranks(excluded.begin(), excluded.end());
   NcclConfig config = ChildConfig(options);
   ncclComm_t child = nullptr;
@@ -122,12 +127,14 @@ absl::Status NcclCommunicator::Revoke() {
   const absl::Status revoked =
       absl::AbortedError(absl::StrCat(DescribeGroup(Group()), ": revoked by this rank"));
   tracker_->Fail(revoked);  // Aborted marks the communicator revoked
-  family_->failed = true;
+  family_->failed = true;   // released with abort (finalize after revoke is invalid)
   ncclResult_t rc = api_.CommRevoke(comm_, NCCL_REVOKE_DEFAULT);
   if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(api_, rc, what, comm_);
   // Revoke stops in-flight operations; the communicator is quiescent (and
   // may be shrunk) once NCCL reports success.
-  return WaitNcclReady(api_, comm_, absl::Now() + options_.timeout, what);
+  STRATA_RETURN_IF_ERROR(WaitNcclReady(api_, comm_, absl::Now() + options_.timeout, what));
+  revoked_ = true;
+  return absl::OkStatus();
 }
 
 }  // namespace strata::nccl

@@ -326,6 +326,21 @@ TEST(NcclRoot, BadOptionsAreNamed) {
   absl::StatusOr<std::unique_ptr<Communicator>> c = CreateRootCommunicator(env, options);
   ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("timeout 0 must be positive"));
+  options.comm.timeout = absl::Seconds(10);
+  options.nccl.watchdog_interval = absl::ZeroDuration();
+  c = CreateRootCommunicator(env, options);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("watchdog_interval 0 must be positive"));
+  options.nccl.watchdog_interval = absl::Milliseconds(10);
+  options.nccl.device = -2;
+  c = CreateRootCommunicator(env, options);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("NcclOptions::device -2 on rank 0 of 1"));
+  options.nccl.device = -1;
+  options.nccl.ranks_per_unique_id = 0;
+  c = CreateRootCommunicator(env, options);
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("ranks_per_unique_id 0 must be at least 1"));
 }
 
 }  // namespace
