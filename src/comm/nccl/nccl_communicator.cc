@@ -139,7 +139,11 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclFamily> family, ncclComm_
     }
     return s;
   };
-  hooks.on_failure = [family = family_](const absl::Status&) { family->failed = true; };
+  // A weak reference: the watchdog thread may hold the tracker last, and
+  // must never be the one to drop the family (which owns the watchdog).
+  hooks.on_failure = [weak = std::weak_ptr<NcclFamily>(family_)](const absl::Status&) {
+    if (std::shared_ptr<NcclFamily> family = weak.lock()) family->failed = true;
+  };
   comm_internal::GroupInfo g{options_.name, rank_, size_, family_->world_rank};
   tracker_ = std::make_shared<CommTracker>(DescribeGroup(g), std::move(hooks));
   family_->watchdog->Add(tracker_);
