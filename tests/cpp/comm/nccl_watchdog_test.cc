@@ -223,6 +223,10 @@ TEST(Watchdog, ItsThreadFailsAStuckOperationThatNobodyWaitsFor) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("did not complete by its deadline"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The report follows the failure on the watchdog's thread: wait for it.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (reported.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(50));  // a second report would come within a few ticks
   EXPECT_EQ(reported.load(), 1);
 }
 
