@@ -35,6 +35,25 @@ Moved MoveAs(DataType dtype, size_t count) {
   return {ncclUint8, count * DataTypeSize(dtype)};
 }
 
+// InvalidArgument when `data` (holding `count` elements) is not memory the
+// GPU can address directly: NCCL would otherwise fail late or crash.
+absl::Status CheckDeviceMemory(const comm_internal::GroupInfo& g, absl::string_view op,
+                               absl::string_view which, const void* data, size_t count) {
+  if (data == nullptr || count == 0) return absl::OkStatus();
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+    cudaGetLastError();  // clear it
+    attributes.type = cudaMemoryTypeUnregistered;
+  }
+  if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, " on ", DescribeGroup(g), ": the ", which, " (", absl::Hex(data),
+      ") is host memory; the nccl backend works on CUDA device memory (use the mpi or gloo "
+      "backend for host buffers)"));
+}
+
 char* At(const void* base, size_t elements, DataType dtype) {
   return static_cast<char*>(const_cast<void*>(base)) + elements * DataTypeSize(dtype);
 }
@@ -240,6 +259,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduce(ConstBuffer se
                                                                   ReduceOp op,
                                                                   const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllReduce(Group(), send, recv, op, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "allreduce", "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "allreduce", "receive buffer", recv.data, recv.count));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(recv.dtype));
   return Launch(DescribeOp("allreduce", ReduceOpName(op), recv), options,
                 [&](ncclComm_t c, cudaStream_t s) {
@@ -250,6 +273,8 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduce(ConstBuffer se
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Broadcast(Buffer buffer, int root,
                                                                   const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateBroadcast(Group(), buffer, root, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "broadcast", "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
   return Launch(DescribeOp("broadcast", absl::StrCat("root ", root), buffer), options,
                 [&](ncclComm_t c, cudaStream_t s) {
@@ -261,6 +286,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Reduce(ConstBuffer send,
                                                                ReduceOp op, int root,
                                                                const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateReduce(Group(), send, recv, op, root, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "reduce", "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "reduce", "receive buffer", recv.data,
+                                           rank_ == root ? recv.count : 0));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(send.dtype));
   return Launch(DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send),
                 options, [&](ncclComm_t c, cudaStream_t s) {
@@ -272,6 +301,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Reduce(ConstBuffer send,
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGather(ConstBuffer send, Buffer recv,
                                                                   const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(Group(), send, recv, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "allgather", "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "allgather", "receive buffer", recv.data, recv.count));
   const Moved m = MoveAs(send.dtype, send.count);
   return Launch(DescribeOp("allgather", "", send), options, [&](ncclComm_t c, cudaStream_t s) {
     return api_.AllGather(send.data, recv.data, m.count, m.type, c, s);
@@ -282,6 +315,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(ConstBuffe
                                                                       ReduceOp op,
                                                                       const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateReduceScatter(Group(), send, recv, op, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "reduce_scatter", "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "reduce_scatter", "receive buffer", recv.data, recv.count));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(recv.dtype));
   return Launch(DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
                 [&](ncclComm_t c, cudaStream_t s) {
@@ -303,6 +340,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllToAllV(ConstBuffer se
                                                                   const AllToAllCounts& counts,
                                                                   const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAllV(Group(), send, recv, counts, kCaps));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "alltoall", "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(Group(), "alltoall", "receive buffer", recv.data, recv.count));
   // NCCL's all-to-all is a group of sends and receives, one pair per peer.
   return Launch(DescribeOp("alltoall", "", send), options, [&](ncclComm_t c, cudaStream_t s) {
     ncclResult_t rc = api_.GroupStart();
@@ -339,6 +380,7 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Barrier(const OpOptions&
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Send(ConstBuffer buffer, int peer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidatePeer(Group(), "send", buffer, peer, kCaps));
+  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "send", "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
   return Launch(DescribeOp("send", absl::StrCat("to ", peer), buffer), options,
                 [&](ncclComm_t c, cudaStream_t s) {
@@ -349,6 +391,7 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Send(ConstBuffer buffer,
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Recv(Buffer buffer, int peer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(comm_internal::ValidatePeer(Group(), "recv", buffer, peer, kCaps));
+  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "recv", "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
   return Launch(DescribeOp("recv", absl::StrCat("from ", peer), buffer), options,
                 [&](ncclComm_t c, cudaStream_t s) {

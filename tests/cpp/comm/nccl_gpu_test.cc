@@ -192,6 +192,17 @@ TEST(NcclGpu, InitReportsRankSizeAndBackend) {
     EXPECT_EQ(c.backend(), "nccl");
     EXPECT_EQ(c.memory(), MemoryKind::kCuda);
     EXPECT_TRUE(c.AsyncError().ok());
+    // Host memory is refused before NCCL sees it, naming the buffer.
+    std::vector<float> host(4, 1.0f);
+    absl::StatusOr<std::unique_ptr<Work>> w = c.AllReduce(
+        Buffer::Of(host.data(), host.size()), Buffer::Of(host.data(), host.size()), ReduceOp::kSum);
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(w.status().message(), HasSubstr("send buffer"));
+    EXPECT_THAT(w.status().message(), HasSubstr("is host memory"));
+    // int16 moves but does not reduce.
+    DeviceBuffer i16(DataType::kInt16, std::vector<double>(4, 1));
+    w = c.AllReduce(i16.buffer(), i16.buffer(), ReduceOp::kSum);
+    EXPECT_EQ(w.status().code(), absl::StatusCode::kInvalidArgument);
   });
 }
 
