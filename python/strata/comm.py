@@ -283,9 +283,8 @@ def init(mesh=None, backend="auto", timeout=None, env=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
-    a mesh of pure data parallelism. ``backend``: "auto" (NCCL when a GPU
-    is visible, else MPI under mpirun, Slurm or no launcher), "mpi", "gloo"
-    or "nccl" (CUDA tensors, one GPU per rank: the local rank's device). ``timeout``: seconds each operation may
+    a mesh of pure data parallelism. ``backend``: "auto" (MPI under mpirun,
+    Slurm or no launcher) or "mpi". ``timeout``: seconds each operation may
     take before it fails (default 600). ``env`` replaces os.environ for
     launcher detection. Collective: every rank must call it.
     """
