@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 import strata
+import strata.nccl
 
 
 def bus_factor(op, n):

@@ -20,7 +20,6 @@ from .errors import (
     TopologyError,
 )
 from . import topology  # noqa: E402  (needs _strata loaded)
-from . import nccl  # noqa: E402
 
 __version__ = build_info()["version"]
 
@@ -37,7 +36,6 @@ __all__ = [
     "errors",
     "pipeline",
     "topology",
-    "nccl",
     "Error",
     "InvalidArgument",
     "LaunchError",

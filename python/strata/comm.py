@@ -16,8 +16,8 @@ Under ``mpirun -np 8 python train.py``::
 
 Group methods follow ``torch.distributed``'s names. Ranks given to them
 (``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
-tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend nccl,
-ordered on the tensor's current torch stream), contiguous; they are used in place, without
+tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend
+nccl, on the tensor's current torch stream), contiguous; they are used in place, without
 copies, and must not be changed or freed while an asynchronous operation
 runs (the work object keeps them referenced until it completes). Errors
 raise :class:`strata.CommError`, or :class:`strata.RankFailure` when a peer
@@ -38,12 +38,33 @@ def _describe(obj):
     return type(obj).__module__ + "." + type(obj).__qualname__
 
 
+def _cuda_buffer(obj, what, writable):
+    """(address, element count, dtype name, stream) of a CUDA tensor: the
+    operation is ordered on the tensor's current torch stream, as
+    torch.distributed orders its NCCL work. The group checks that its
+    backend works on CUDA memory (nccl)."""
+    if not obj.is_contiguous():
+        raise InvalidArgument(
+            f"{what}: tensor must be contiguous (call .contiguous()); got shape "
+            f"{tuple(obj.shape)} with strides {tuple(obj.stride())}")
+    if writable and obj.requires_grad and obj.is_leaf:
+        raise InvalidArgument(
+            f"{what}: a leaf tensor that requires grad cannot be written in place; use "
+            "tensor.detach() or torch.no_grad()")
+    import torch
+    stream = torch.cuda.current_stream(obj.device).cuda_stream
+    return (obj.data_ptr(), obj.numel(), str(obj.dtype), stream)
+
+
 def _buffer(obj, what, writable):
     """(address, element count, dtype name) of a tensor or array, zero-copy."""
+    if getattr(getattr(obj, "device", None), "type", None) == "cuda":
+        return _cuda_buffer(obj, what, writable)
+
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
-        if obj.device.type not in ("cpu", "cuda"):
+        if obj.device.type != "cpu":
             raise InvalidArgument(
-                f"{what}: strata works on CPU and CUDA tensors; got a tensor on {obj.device}")
+                f"{what}: the mpi backend works on CPU tensors; got a tensor on {obj.device}")
         if not obj.is_contiguous():
             raise InvalidArgument(
                 f"{what}: tensor must be contiguous (call .contiguous()); got shape "
@@ -52,11 +73,6 @@ def _buffer(obj, what, writable):
             raise InvalidArgument(
                 f"{what}: a leaf tensor that requires grad cannot be written in place; use "
                 "tensor.detach() or torch.no_grad()")
-        if obj.device.type == "cuda":
-            # Ordered on the tensor's current torch stream, as torch.distributed does.
-            import torch
-            stream = torch.cuda.current_stream(obj.device).cuda_stream
-            return (obj.data_ptr(), obj.numel(), str(obj.dtype), stream)
         return (obj.data_ptr(), obj.numel(), str(obj.dtype))
     interface = getattr(obj, "__array_interface__", None)
     if interface is not None:  # numpy.ndarray and friends
@@ -115,14 +131,15 @@ class Group:
     size = property(lambda self: self._raw.size, doc="Number of ranks in the group.")
     name = property(lambda self: self._raw.name, doc="The group's name ('tp', 'dp-cp', ...).")
     backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
-    memory = property(lambda self: self._raw.memory,
-                      doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
     def _run(self, work, async_op):
         if async_op:
             return Work(work)
         work.wait(None)
         return None
+
+    memory = property(lambda self: self._raw.memory,
+                      doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
     def allreduce(self, tensor, op="sum", async_op=False, timeout=None):
         """Reduces ``tensor`` over the group, in place."""

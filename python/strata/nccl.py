@@ -5,7 +5,8 @@ libnccl torch loaded (the nvidia-nccl wheel's); otherwise it loads one (see
 docs/nccl.md). Import torch before creating NCCL communicators, so that no
 second copy is loaded::
 
-    import torch, strata
+    import torch
+    import strata.nccl
     info = strata.nccl.library()
     print(info["version"], info["path"])   # (2, 30, 7) .../nvidia/nccl/lib/libnccl.so.2
 """

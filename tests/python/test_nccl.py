@@ -9,6 +9,7 @@ import pytest
 import torch  # first: torch loads its NCCL, strata must use that one
 
 import strata
+import strata.nccl  # not imported by `import strata`
 
 GPU = torch.cuda.is_available()
 
