@@ -251,7 +251,10 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Launch(
   tracker_->Add(op, event);
   std::weak_ptr<CommTracker> weak = tracker_;
   return std::unique_ptr<Work>(new PendingWork(op, [weak] {
-    if (std::shared_ptr<CommTracker> t = weak.lock()) t->Check(absl::Now()).IgnoreError();
+    if (std::shared_ptr<CommTracker> t = weak.lock()) {
+      absl::Status found = t->Check(absl::Now());
+      if (!found.ok()) ReportFailureToStderr(found);  // logged once, whoever finds it
+    }
   }));
 }
 
@@ -400,9 +403,8 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Recv(Buffer buffer, int 
 }
 
 absl::Status NcclCommunicator::AsyncError() {
-  // A failure found here is returned below (and reported by the watchdog
-  // only if it finds it first).
-  tracker_->Check(absl::Now()).IgnoreError();
+  absl::Status found = tracker_->Check(absl::Now());
+  if (!found.ok()) ReportFailureToStderr(found);  // logged once, whoever finds it
   return tracker_->health().Health();
 }
 

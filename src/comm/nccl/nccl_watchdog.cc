@@ -126,6 +126,10 @@ size_t CommTracker::pending() const {
 
 // ---- Watchdog -----------------------------------------------------------------
 
+void ReportFailureToStderr(const absl::Status& status) {
+  std::fprintf(stderr, "strata: NCCL watchdog: %s\n", std::string(status.message()).c_str());
+}
+
 Watchdog::Watchdog(WatchdogOptions options) : options_(std::move(options)) {
   if (options_.start_thread) thread_ = std::thread([this] { Loop(); });
 }
@@ -173,7 +177,7 @@ std::vector<absl::Status> Watchdog::PollOnce() {
     if (options_.report) {
       options_.report(s);
     } else {
-      std::fprintf(stderr, "strata: NCCL watchdog: %s\n", std::string(s.message()).c_str());
+      ReportFailureToStderr(s);
     }
     reported.push_back(std::move(s));
   }

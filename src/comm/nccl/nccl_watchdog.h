@@ -99,6 +99,12 @@ class CommTracker {
   std::deque<Entry> entries_;
 };
 
+// The one line a communicator failure is reported with (stderr):
+// "strata: NCCL watchdog: <status message>". Used by the watchdog, and by a
+// waiter that finds the failure first, so that each failure is logged once
+// whoever finds it.
+void ReportFailureToStderr(const absl::Status& status);
+
 struct WatchdogOptions {
   absl::Duration interval = absl::Milliseconds(10);
   // The clock (tests inject a fake one); null: absl::Now.
