@@ -230,6 +230,63 @@ TEST(Watchdog, ItsThreadFailsAStuckOperationThatNobodyWaitsFor) {
   EXPECT_EQ(reported.load(), 1);
 }
 
+// Waiters, the watchdog thread, events firing and an abort, all at once
+// (the `threads` label runs this under TSan): every work ends, each with
+// success, its deadline, or the abort.
+TEST(Watchdog, ConcurrentWaitersFiringAndAbortEndEveryWork) {
+  WatchdogOptions o;
+  o.interval = absl::Milliseconds(1);
+  o.report = [](const absl::Status&) {};
+  Watchdog w(o);
+  for (int round = 0; round < 30; ++round) {
+    std::atomic<intptr_t> fired_upto{0};
+    TrackerHooks h;
+    h.query_event = [&](void* e) -> absl::StatusOr<bool> {
+      return reinterpret_cast<intptr_t>(e) <= fired_upto.load();
+    };
+    h.release_event = [](void*) {};
+    h.async_error = [] { return absl::OkStatus(); };
+    auto t = std::make_shared<CommTracker>(kWhere, h);
+    w.Add(t);
+    std::vector<std::unique_ptr<PendingWork>> works;
+    for (intptr_t i = 1; i <= 20; ++i) {
+      // The last one never fires; in every third round it has a short deadline.
+      const absl::Duration timeout =
+          i == 20 && round % 3 == 0 ? absl::Milliseconds(5) : absl::Seconds(30);
+      auto op = Op(absl::StrCat("op", i), absl::Now() + timeout);
+      t->Add(op, reinterpret_cast<void*>(i));
+      std::weak_ptr<CommTracker> weak = t;
+      works.push_back(std::make_unique<PendingWork>(op, [weak] {
+        if (auto s = weak.lock()) s->Check(absl::Now()).IgnoreError();
+      }));
+    }
+    std::thread firer([&] {
+      for (intptr_t i = 1; i <= 19; ++i) {
+        fired_upto = i;
+        absl::SleepFor(absl::Microseconds(100));
+      }
+    });
+    std::thread aborter([&] {
+      if (round % 3 == 1) {
+        absl::SleepFor(absl::Milliseconds(1));
+        t->AbortPending();
+      }
+    });
+    for (auto& work : works) {
+      // Round 2 mod 3: only the wait's own deadline ends the last work.
+      const bool last_unended = round % 3 == 2 && work.get() == works.back().get();
+      absl::Status s =
+          work->Wait(absl::Now() + (last_unended ? absl::Milliseconds(20) : absl::Seconds(5)));
+      if (last_unended) EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+    }
+    firer.join();
+    aborter.join();
+    if (round % 3 == 0) EXPECT_FALSE(t->health().healthy());
+    t->Close();
+    EXPECT_EQ(t->pending(), 0u);
+  }
+}
+
 TEST(Watchdog, OnePerProcessWhileInUse) {
   std::shared_ptr<Watchdog> a = Watchdog::Shared(absl::Milliseconds(10));
   std::shared_ptr<Watchdog> b = Watchdog::Shared(absl::Milliseconds(10));
