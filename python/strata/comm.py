@@ -16,7 +16,8 @@ Under ``mpirun -np 8 python train.py``::
 
 Group methods follow ``torch.distributed``'s names. Ranks given to them
 (``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
-tensors or numpy arrays, contiguous; they are used in place, without
+tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend
+nccl, on the tensor's current torch stream), contiguous; they are used in place, without
 copies, and must not be changed or freed while an asynchronous operation
 runs (the work object keeps them referenced until it completes). Errors
 raise :class:`strata.CommError`, or :class:`strata.RankFailure` when a peer
@@ -38,8 +39,29 @@ def _describe(obj):
     return type(obj).__module__ + "." + type(obj).__qualname__
 
 
+def _cuda_buffer(obj, what, writable):
+    """(address, element count, dtype name, stream) of a CUDA tensor: the
+    operation is ordered on the tensor's current torch stream, as
+    torch.distributed orders its NCCL work. The group checks that its
+    backend works on CUDA memory (nccl)."""
+    if not obj.is_contiguous():
+        raise InvalidArgument(
+            f"{what}: tensor must be contiguous (call .contiguous()); got shape "
+            f"{tuple(obj.shape)} with strides {tuple(obj.stride())}")
+    if writable and obj.requires_grad and obj.is_leaf:
+        raise InvalidArgument(
+            f"{what}: a leaf tensor that requires grad cannot be written in place; use "
+            "tensor.detach() or torch.no_grad()")
+    import torch
+    stream = torch.cuda.current_stream(obj.device).cuda_stream
+    return (obj.data_ptr(), obj.numel(), str(obj.dtype), stream)
+
+
 def _buffer(obj, what, writable):
     """(address, element count, dtype name) of a tensor or array, zero-copy."""
+    if getattr(getattr(obj, "device", None), "type", None) == "cuda":
+        return _cuda_buffer(obj, what, writable)
+
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
         if obj.device.type != "cpu":
             raise InvalidArgument(
@@ -117,6 +139,9 @@ class Group:
             return Work(work)
         work.wait(None)
         return None
+
+    memory = property(lambda self: self._raw.memory,
+                      doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
     def allreduce(self, tensor, op="sum", async_op=False, timeout=None):
         """Reduces ``tensor`` over the group, in place."""
