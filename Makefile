@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 all: build
 
 help:
-	@echo "make demo      install what is missing, build, train on $(NP) CPU ranks"
+	@echo "make demo      install what is missing, build, train on $(NP) CPU ranks (LAUNCHER=mpirun or torchrun)"
 	@echo "make test      install what is missing, build, run every test"
 	@echo "make bench     run every benchmark; results in benchmarks/results/, benchmarks/RESULTS.md"
 	@echo "make sanitize  build under ASan+UBSan (build-asan/) and TSan (build-tsan/), run the tests"

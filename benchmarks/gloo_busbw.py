@@ -6,6 +6,13 @@ Launched by run_busbw.py under mpirun (ranks from OMPI_COMM_WORLD_*; the
 rendezvous port from MASTER_PORT):
 
     MASTER_PORT=29500 mpirun -np 4 python3 benchmarks/gloo_busbw.py --op allreduce
+
+or under torchrun, where ``--lib strata`` runs the same loop through
+strata's Python API on its Gloo backend, bootstrapped through torchrun's
+store (strata.init(backend="gloo")), so both sides pay the same Python
+call per operation:
+
+    torchrun --standalone --nproc-per-node 4 benchmarks/gloo_busbw.py --lib strata
 """
 
 import argparse
@@ -33,6 +40,28 @@ def bus_factor(op, n):
     if op in ("allgather", "reduce_scatter", "alltoall"):
         return (n - 1) / n
     return 1.0
+
+
+def run_strata(g, op, a, b, rank, n):
+    """The same operations through strata (a strata.Group)."""
+    if op == "allreduce":
+        g.allreduce(b)  # in place, as gloo's
+    elif op == "allgather":
+        per = b.numel() // n
+        g.allgather(b[:per * n], a[:per])
+    elif op == "reduce_scatter":
+        per = a.numel() // n
+        g.reduce_scatter(b[:per], a[:per * n])
+    elif op == "broadcast":
+        g.broadcast(b, root=0)
+    elif op == "alltoall":
+        g.all_to_all(b, a)
+    elif op == "sendrecv":
+        works = [g.recv(b, (rank - 1) % n, async_op=True), g.send(a, (rank + 1) % n, async_op=True)]
+        for w in works:
+            w.wait()
+    else:
+        raise SystemExit(f"unknown op {op}")
 
 
 def run_once(op, a, b, rank, n):
@@ -65,14 +94,40 @@ def main():
     ap.add_argument("--max-bytes", default="64M")
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--lib", choices=["torch", "strata"], default="torch")
     args = ap.parse_args()
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    n = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    port = os.environ.get("MASTER_PORT", "29500")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=n)
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if torchrun:
+        rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    else:
+        rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+        n = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    world = None
+    if args.lib == "strata":
+        import strata
+        world = strata.init(backend="gloo", timeout=600)
+        g = world.group()
+        one = lambda op, a, b: run_strata(g, op, a, b, rank, n)  # noqa: E731
+        barrier = g.barrier
+
+        def slowest(us):
+            g.allreduce(us, op="max")
+    else:
+        if torchrun:
+            dist.init_process_group("gloo")  # env://: torchrun's store
+        else:
+            port = os.environ.get("MASTER_PORT", "29500")
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=n)
+        one = lambda op, a, b: run_once(op, a, b, rank, n)  # noqa: E731
+        barrier = dist.barrier
+
+        def slowest(us):
+            dist.all_reduce(us, op=dist.ReduceOp.MAX)
     if rank == 0:
-        print(f"# gloo_busbw: {n} ranks, torch {torch.__version__} gloo, dtype float, op sum, "
+        what = (f"strata {world.group().backend}" if world is not None
+                else f"torch {torch.__version__} gloo")
+        print(f"# gloo_busbw: {n} ranks, {what}, dtype float, op sum, "
               "out-of-place", flush=True)
         print("#%11s %12s %6s %15s %10s %10s %10s %6s" % ("size", "count", "type", "op", "time",
                                                         "algbw", "busbw", "#wrong"))
@@ -85,14 +140,14 @@ def main():
             a = (torch.arange(count, dtype=torch.float32) + rank) % 5
             b = torch.zeros(count, dtype=torch.float32)
             for _ in range(args.warmup):
-                run_once(op, a, b, rank, n)
+                one(op, a, b)
             iters = iters_for(size, args.iters)
-            dist.barrier()
+            barrier()
             start = time.perf_counter()
             for _ in range(iters):
-                run_once(op, a, b, rank, n)
+                one(op, a, b)
             us = torch.tensor([(time.perf_counter() - start) / iters * 1e6], dtype=torch.float64)
-            dist.all_reduce(us, op=dist.ReduceOp.MAX)
+            slowest(us)
             t = us.item()
             nbytes = count * 4
             algbw = nbytes / (t * 1e-6) / 1e9
@@ -101,7 +156,10 @@ def main():
                     nbytes, count, "float", op, t, algbw, algbw * bus_factor(op, n), -1),
                     flush=True)
             size *= 2
-    dist.destroy_process_group()
+    if world is not None:
+        world.destroy()
+    else:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,14 @@ is shared, so the best of a few runs is the least disturbed one). Writes
 benchmarks/results/busbw.json and the table in benchmarks/RESULTS.md:
 one row per operation and size, ratio = strata busbw / gloo busbw, target
 >= 1.5 from 1 MiB up (issue 3).
+
+    python3 benchmarks/run_busbw.py --launcher torchrun [--np 4] [--repeats 2]
+
+compares strata's store-bootstrapped Gloo backend with torch.distributed's
+gloo under torchrun instead: both sides run benchmarks/gloo_busbw.py (the
+same Python loop; --lib strata or torch) under
+`torchrun --standalone --nproc-per-node N`, alternately. Writes
+benchmarks/results/busbw_torchrun.json; target >= 1.0 (issue 4).
 """
 
 import argparse
@@ -94,7 +102,10 @@ def main():
     ap.add_argument("--min-bytes", default="4K")
     ap.add_argument("--max-bytes", default="64M")
     ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--launcher", choices=["mpirun", "torchrun"], default="mpirun")
     args = ap.parse_args()
+    if args.launcher == "torchrun":
+        return main_torchrun(args)
     mpirun = mpirun_path(args.build)
     binary = os.path.join(args.build, "benchmarks", "comm_busbw")
     if not mpirun or not os.path.exists(binary):
@@ -128,6 +139,45 @@ def main():
              "benchmarks/gloo_busbw.py (torch.distributed, in place where gloo is). Best of "
              f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors.")
     path = bench_util.write_results("busbw", command, rows, notes=notes)
+    print("wrote", path)
+
+
+def main_torchrun(args):
+    sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(args.np), os.path.join(HERE, "gloo_busbw.py"), "--op", args.ops, *sizes]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.join(os.path.abspath(args.build), "python"), env.get("PYTHONPATH"))
+        if p)
+    env.pop("STRATA_STORE", None)  # strata uses torchrun's store, as torch does
+    strata_best, gloo_best = {}, {}
+    for i in range(args.repeats):
+        print(f"run {i + 1}/{args.repeats}: strata gloo under torchrun", flush=True)
+        best(strata_best, parse(run(base + ["--lib", "strata"], env)))
+        print(f"run {i + 1}/{args.repeats}: torch gloo under torchrun", flush=True)
+        best(gloo_best, parse(run(base + ["--lib", "torch"], env)))
+    rows = []
+    print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'torch':>8s} {'ratio':>6s}   (busbw GB/s)")
+    for op in args.ops.split(","):
+        for (o, nbytes) in sorted(k for k in strata_best if k[0] == op):
+            s, g = strata_best[(o, nbytes)], gloo_best.get((o, nbytes))
+            rows.append({"case": f"{op} {human(nbytes)}", "metric": "busbw", "unit": "GB/s",
+                         "strata": s, "peer": "torch.distributed gloo", "peer_value": g,
+                         "target": ">= 1.0"})
+            ratio = s / g if g else float("nan")
+            print(f"{op:15s} {human(nbytes):>9s} {s:8.3f} {g or 0:8.3f} {ratio:6.2f}")
+    command = (f"python3 benchmarks/run_busbw.py --launcher torchrun --np {args.np} "
+               f"--repeats {args.repeats} --max-bytes {args.max_bytes}")
+    load = os.getloadavg()[0]
+    notes = (f"{args.np} CPU processes on one host under torchrun --standalone; fp32 sum. Both "
+             "sides run benchmarks/gloo_busbw.py (one Python call per operation, in place where "
+             "gloo is): strata = strata.init(backend='gloo'), bootstrapped through torchrun's "
+             "TCPStore; peer = torch.distributed.init_process_group('gloo'). Best of "
+             f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors. "
+             f"Taken under load from other jobs (1-minute load average {load:.1f} on "
+             f"{os.cpu_count()} cores at the end).")
+    path = bench_util.write_results("busbw_torchrun", command, rows, notes=notes)
     print("wrote", path)
 
 

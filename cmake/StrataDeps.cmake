@@ -84,10 +84,11 @@ if(STRATA_HAVE_CUDA)
 endif()
 strata_resolve_option(STRATA_WITH_NCCL _nccl_found STRATA_HAVE_NCCL)
 if(STRATA_HAVE_NCCL AND NOT TARGET strata_nccl)
+  # Headers only: libstrata loads libnccl at run time (one NCCL per process,
+  # torch's when it is there; see src/comm/nccl/nccl_library.h).
   add_library(strata_nccl INTERFACE IMPORTED)
   set_target_properties(strata_nccl PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR}
-    INTERFACE_LINK_LIBRARIES ${NCCL_LIBRARY})
+    INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
 endif()
 
 # ---- Open MPI ----------------------------------------------------------------

@@ -6,6 +6,12 @@ find_package(GTest REQUIRED)
 
 set(STRATA_TEST_PYTHONPATH ${PROJECT_BINARY_DIR}/python)
 set(STRATA_MULTIRANK ${PROJECT_SOURCE_DIR}/tests/tools/run_multirank.sh)
+set(STRATA_TORCHRUN ${PROJECT_SOURCE_DIR}/tests/tools/run_torchrun.sh)
+# torchrun comes with torch; the store-bootstrapped suites need it and Gloo.
+set(STRATA_CAN_TORCHRUN FALSE)
+if(STRATA_HAVE_GLOO AND STRATA_TORCH_DIR)
+  set(STRATA_CAN_TORCHRUN TRUE)
+endif()
 
 # strata_add_gtest(<name> SOURCES a.cc ... [LIBS ...] [TIMEOUT s])
 # A single-process GoogleTest binary; each TEST becomes a CTest test.
@@ -53,6 +59,24 @@ function(strata_add_multirank_test name)
                        RESOURCE_LOCK mpirun)
 endfunction()
 
+# strata_add_torchrun_test(<name> NP <n> [TIMEOUT s] COMMAND torchrun-program-args...)
+# Runs under `torchrun --standalone --nproc-per-node n` (tests/tools/run_torchrun.sh),
+# on the Gloo backend: e.g. COMMAND --no-python $<TARGET_FILE:t>, or -m pytest ...
+function(strata_add_torchrun_test name)
+  cmake_parse_arguments(A "" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 180)
+  endif()
+  add_test(NAME ${name}
+           COMMAND ${STRATA_TORCHRUN} --python ${Python3_EXECUTABLE} --np ${A_NP}
+                   --timeout ${A_TIMEOUT} -- ${A_COMMAND}
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  math(EXPR _backstop "${A_TIMEOUT} + 30")
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;torchrun;${A_LABELS}"
+                       RESOURCE_LOCK mpirun
+                       ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
+endfunction()
+
 # strata_add_pytest(<name> FILES f.py... [NP n] [TIMEOUT s])
 # pytest in one process, or under mpirun on n ranks when NP is given.
 function(strata_add_pytest name)
@@ -73,4 +97,17 @@ function(strata_add_pytest name)
     set_tests_properties(${name} PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "python;${A_LABELS}"
                          ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
   endif()
+endfunction()
+
+# strata_add_torchrun_pytest(<name> FILES f.py... NP n [TIMEOUT s])
+# pytest on n processes under torchrun; strata.init bootstraps through
+# torchrun's TCPStore.
+function(strata_add_torchrun_pytest name)
+  cmake_parse_arguments(A "" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
+  if(NOT STRATA_CAN_TORCHRUN)
+    return()
+  endif()
+  strata_add_torchrun_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT}
+                           COMMAND -m pytest -q -p no:cacheprovider -x ${A_ARGS} ${A_FILES}
+                           LABELS "python;${A_LABELS}")
 endfunction()

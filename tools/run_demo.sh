@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Launches the demo (examples/demo/demo.py) on N CPU ranks.
-#   tools/run_demo.sh [--launcher mpirun] [--np 8] [--mpirun PATH] [--timeout S]
+#   tools/run_demo.sh [--launcher mpirun|torchrun] [--np 8] [--mpirun PATH] [--timeout S]
+# Under mpirun strata runs on its MPI backend; under torchrun
+# (--standalone, one host) on its Gloo backend, bootstrapped through
+# torchrun's TCPStore. The job is the same.
 set -euo pipefail
 launcher=mpirun
 np=8
@@ -22,8 +25,13 @@ case "$launcher" in
     cmd=("$mpirun" --allow-run-as-root --oversubscribe --bind-to none
          --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep
          -np "$np" python3 "$here/examples/demo/demo.py") ;;
+  torchrun)
+    # torchrun would set this itself (with a warning): one thread per rank.
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+    cmd=(python3 -m torch.distributed.run --standalone --nproc-per-node "$np"
+         "$here/examples/demo/demo.py") ;;
   *)
-    echo "run_demo.sh: LAUNCHER=$launcher is not supported; use LAUNCHER=mpirun" >&2
+    echo "run_demo.sh: LAUNCHER=$launcher is not supported; use LAUNCHER=mpirun or LAUNCHER=torchrun" >&2
     exit 2 ;;
 esac
 set +e

@@ -24,6 +24,7 @@
 #include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
+#include "store_handle.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
@@ -160,15 +161,44 @@ class PyWork {
   py::object keep_;
 };
 
+// (address, count, dtype) for host memory; (address, count, dtype, stream)
+// for a CUDA tensor, with the current torch stream (cudaStream_t as an int).
 Buffer ToBuffer(const py::tuple& t) {
-  if (t.size() != 3) {
-    RaiseStatus(absl::InvalidArgumentError("buffer must be (address, count, dtype)"),
+  if (t.size() != 3 && t.size() != 4) {
+    RaiseStatus(absl::InvalidArgumentError("buffer must be (address, count, dtype[, stream])"),
                 ErrorArea::kComm);
   }
   const uintptr_t address = t[0].cast<uintptr_t>();
   const size_t count = t[1].cast<size_t>();
   DataType dtype = Unwrap(ParseDataType(t[2].cast<std::string>()), ErrorArea::kComm);
   return Buffer{reinterpret_cast<void*>(address), count, dtype};
+}
+
+// The operation's options: its timeout, and for a device backend the
+// stream of `buffer` (a CUDA tensor's current torch stream). The buffer's
+// memory must be the communicator's.
+OpOptions Opts(Communicator& c, std::optional<double> timeout, const py::tuple& buffer,
+               const py::tuple& other = py::tuple()) {
+  OpOptions o;
+  if (timeout) o.timeout = absl::Seconds(*timeout);
+  const bool cuda = buffer.size() == 4;
+  if (other.size() > 0 && (other.size() == 4) != cuda) {
+    RaiseStatus(absl::InvalidArgumentError(
+                    absl::StrCat("group ", c.name(),
+                                 ": the input and output must both be CUDA tensors or "
+                                 "both be on the CPU")),
+                ErrorArea::kComm);
+  }
+  if (cuda != (c.memory() == MemoryKind::kCuda)) {
+    RaiseStatus(absl::InvalidArgumentError(
+                    absl::StrCat("the ", c.backend(), " backend of group ", c.name(), " works on ",
+                                 c.memory() == MemoryKind::kCuda ? "CUDA" : "CPU",
+                                 " tensors; got a ", cuda ? "CUDA tensor" : "CPU tensor or array",
+                                 cuda ? " (strata.init(backend='nccl') for CUDA tensors)" : "")),
+                ErrorArea::kComm);
+  }
+  if (cuda) o.stream = reinterpret_cast<void*>(buffer[3].cast<uintptr_t>());
+  return o;
 }
 
 absl::Duration Seconds(std::optional<double> s, absl::Duration fallback) {
@@ -266,12 +296,14 @@ class PyWorld {
 
 std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<double> timeout,
-                                   std::optional<std::map<std::string, std::string>> env) {
+                                   std::optional<std::map<std::string, std::string>> env,
+                                   std::optional<PyStore> store) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
   options.root.backend = backend;
   if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
+  if (store) options.root.store = store->store;
   absl::StatusOr<std::unique_ptr<World>> world;
   {
     py::gil_scoped_release release;
@@ -295,54 +327,56 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def_property_readonly("size", &PyGroup::size)
       .def_property_readonly("name", &PyGroup::name)
       .def_property_readonly("backend", &PyGroup::backend)
+      .def_property_readonly(
+          "memory",
+          [](const PyGroup& g) { return g.comm().memory() == MemoryKind::kCuda ? "cuda" : "host"; })
       .def("allreduce",
            [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
              ReduceOp o = Op(op);
-             return g.Start([&](Communicator& c) { return c.AllReduce(s, r, o, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.AllReduce(s, r, o, opts); }, keep);
            })
       .def("broadcast",
            [](PyGroup& g, B buf, int root, T timeout, py::object keep) {
              Buffer b = ToBuffer(buf);
-             return g.Start([&](Communicator& c) { return c.Broadcast(b, root, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, buf);
+             return g.Start([&](Communicator& c) { return c.Broadcast(b, root, opts); }, keep);
            })
       .def("reduce",
            [](PyGroup& g, B send, B recv, const std::string& op, int root, T timeout,
               py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
              ReduceOp o = Op(op);
-             return g.Start(
-                 [&](Communicator& c) { return c.Reduce(s, r, o, root, Timeout(timeout)); }, keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.Reduce(s, r, o, root, opts); }, keep);
            })
       .def("allgather",
            [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             return g.Start([&](Communicator& c) { return c.AllGather(s, r, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.AllGather(s, r, opts); }, keep);
            })
       .def("reduce_scatter",
            [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
              ReduceOp o = Op(op);
-             return g.Start(
-                 [&](Communicator& c) { return c.ReduceScatter(s, r, o, Timeout(timeout)); }, keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.ReduceScatter(s, r, o, opts); }, keep);
            })
       .def("all_to_all",
            [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             return g.Start([&](Communicator& c) { return c.AllToAll(s, r, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.AllToAll(s, r, opts); }, keep);
            })
       .def("all_to_all_v",
            [](PyGroup& g, B send, B recv, std::vector<size_t> send_counts,
               std::vector<size_t> recv_counts, T timeout, py::object keep) {
              Buffer s = ToBuffer(send), r = ToBuffer(recv);
              AllToAllCounts counts{std::move(send_counts), std::move(recv_counts)};
-             return g.Start(
-                 [&](Communicator& c) { return c.AllToAllV(s, r, counts, Timeout(timeout)); },
-                 keep);
+             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
+             return g.Start([&](Communicator& c) { return c.AllToAllV(s, r, counts, opts); }, keep);
            })
       .def("barrier",
            [](PyGroup& g, T timeout) {
@@ -352,14 +386,14 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def("send",
            [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
              Buffer b = ToBuffer(buf);
-             return g.Start([&](Communicator& c) { return c.Send(b, peer, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, buf);
+             return g.Start([&](Communicator& c) { return c.Send(b, peer, opts); }, keep);
            })
       .def("recv",
            [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
              Buffer b = ToBuffer(buf);
-             return g.Start([&](Communicator& c) { return c.Recv(b, peer, Timeout(timeout)); },
-                            keep);
+             const OpOptions opts = Opts(g.comm(), timeout, buf);
+             return g.Start([&](Communicator& c) { return c.Recv(b, peer, opts); }, keep);
            })
       .def("split",
            [](PyGroup& g, int color, int key, const std::string& name, T timeout) {
@@ -425,7 +459,14 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def("destroy", &PyWorld::Destroy);
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
-        py::arg("env") = py::none());
+        py::arg("env") = py::none(), py::arg("store") = py::none());
+  m.def(
+      "resolve_backend",
+      [](const LaunchEnv& env, const std::string& backend) {
+        return Unwrap(ResolveBackend(env, backend), ErrorArea::kComm);
+      },
+      py::arg("env"), py::arg("backend"),
+      "The backend strata.init(backend=...) picks for this launch: 'mpi', 'gloo' or 'nccl'.");
   m.def("available_backends", &AvailableBackends, "The communication backends in this build.");
 });
 

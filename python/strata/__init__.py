@@ -20,6 +20,7 @@ from .errors import (
     TopologyError,
 )
 from . import topology  # noqa: E402  (needs _strata loaded)
+from . import store  # noqa: E402  (needs _strata loaded)
 
 __version__ = build_info()["version"]
 

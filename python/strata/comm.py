@@ -16,7 +16,8 @@ Under ``mpirun -np 8 python train.py``::
 
 Group methods follow ``torch.distributed``'s names. Ranks given to them
 (``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
-tensors or numpy arrays, contiguous; they are used in place, without
+tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend
+nccl, on the tensor's current torch stream), contiguous; they are used in place, without
 copies, and must not be changed or freed while an asynchronous operation
 runs (the work object keeps them referenced until it completes). Errors
 raise :class:`strata.CommError`, or :class:`strata.RankFailure` when a peer
@@ -26,6 +27,7 @@ Without a launcher, ``strata.init()`` gives a world of one rank.
 """
 
 import atexit
+import os
 import weakref
 
 from . import _strata
@@ -37,12 +39,34 @@ def _describe(obj):
     return type(obj).__module__ + "." + type(obj).__qualname__
 
 
+def _cuda_buffer(obj, what, writable):
+    """(address, element count, dtype name, stream) of a CUDA tensor: the
+    operation is ordered on the tensor's current torch stream, as
+    torch.distributed orders its NCCL work. The group checks that its
+    backend works on CUDA memory (nccl)."""
+    if not obj.is_contiguous():
+        raise InvalidArgument(
+            f"{what}: tensor must be contiguous (call .contiguous()); got shape "
+            f"{tuple(obj.shape)} with strides {tuple(obj.stride())}")
+    if writable and obj.requires_grad and obj.is_leaf:
+        raise InvalidArgument(
+            f"{what}: a leaf tensor that requires grad cannot be written in place; use "
+            "tensor.detach() or torch.no_grad()")
+    import torch
+    stream = torch.cuda.current_stream(obj.device).cuda_stream
+    return (obj.data_ptr(), obj.numel(), str(obj.dtype), stream)
+
+
 def _buffer(obj, what, writable):
     """(address, element count, dtype name) of a tensor or array, zero-copy."""
+    if getattr(getattr(obj, "device", None), "type", None) == "cuda":
+        return _cuda_buffer(obj, what, writable)
+
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
         if obj.device.type != "cpu":
             raise InvalidArgument(
-                f"{what}: the mpi backend works on CPU tensors; got a tensor on {obj.device}")
+                f"{what}: the mpi and gloo backends work on CPU tensors; got a tensor on "
+                f"{obj.device}")
         if not obj.is_contiguous():
             raise InvalidArgument(
                 f"{what}: tensor must be contiguous (call .contiguous()); got shape "
@@ -108,13 +132,16 @@ class Group:
     rank = property(lambda self: self._raw.rank, doc="This rank's index in the group.")
     size = property(lambda self: self._raw.size, doc="Number of ranks in the group.")
     name = property(lambda self: self._raw.name, doc="The group's name ('tp', 'dp-cp', ...).")
-    backend = property(lambda self: self._raw.backend, doc="'mpi'.")
+    backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
 
     def _run(self, work, async_op):
         if async_op:
             return Work(work)
         work.wait(None)
         return None
+
+    memory = property(lambda self: self._raw.memory,
+                      doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
     def allreduce(self, tensor, op="sum", async_op=False, timeout=None):
         """Reduces ``tensor`` over the group, in place."""
@@ -271,15 +298,24 @@ class World:
         return f"<strata.World rank {self.rank} of {self.size}, {self.mesh!r}>"
 
 
-def init(mesh=None, backend="auto", timeout=None, env=None):
+def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
-    a mesh of pure data parallelism. ``backend``: "auto" (MPI under mpirun,
-    Slurm or no launcher) or "mpi". ``timeout``: seconds each operation may
-    take before it fails (default 600). ``env`` replaces os.environ for
-    launcher detection. Collective: every rank must call it.
+    a mesh of pure data parallelism. ``backend``: "auto" (NCCL where a GPU
+    is visible and NCCL is built; otherwise MPI under mpirun, Slurm or no
+    launcher, and Gloo under torchrun), "mpi", "gloo" or "nccl".
+    ``timeout``: seconds each operation may take before it fails (default
+    600). ``env`` replaces os.environ for launcher detection.
+
+    Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
+    (a :mod:`strata.store` store, or a ``torch.distributed.Store``); by
+    default, $STRATA_STORE when set, else the TCPStore torchrun serves at
+    MASTER_ADDR:MASTER_PORT, reached within ``store_timeout`` seconds
+    (default: ``timeout``, else 300) or :class:`strata.CommError`.
+    Collective: every rank must call it.
     """
+    from . import store as _store
     launch = _strata.launch_env(env)
     if mesh is None:
         mesh = _strata.Mesh(launch.world_size)
@@ -288,4 +324,17 @@ def init(mesh=None, backend="auto", timeout=None, env=None):
     if mesh.world_size != launch.world_size:
         raise MeshError(f"the mesh is for {mesh.world_size} ranks but the job has "
                         f"{launch.world_size} ({launch!r})")
-    return World(_strata._init_world(mesh, backend, timeout, env))
+    if store_timeout is None:
+        store_timeout = 300.0 if timeout is None else float(timeout)
+    if store_timeout <= 0:
+        raise InvalidArgument(f"store_timeout must be positive, got {store_timeout}")
+    keep = None  # a TCPStore this rank serves must outlive the world
+    if store is not None and not isinstance(store, _store.Store):
+        store = _store.from_torch(store)
+    if (store is None and launch.world_size > 1
+            and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
+            and not (env if env is not None else os.environ).get("STRATA_STORE")):
+        keep, store = _store.connect_torchrun(launch, store_timeout, env)
+    world = World(_strata._init_world(mesh, backend, timeout, env, store))
+    world._store = (store, keep)
+    return world

@@ -316,4 +316,19 @@ absl::Status ValidateExcluded(const GroupInfo& g, absl::Span<const int> excluded
   return absl::OkStatus();
 }
 
+absl::Status CheckCommOptions(const CommOptions& options) {
+  if (options.version != CommOptions::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommOptions version ", options.version,
+                     " is not supported (this build: ", CommOptions::kVersion, ")"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("communicator '", options.name, "': timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   " must be positive"));
+  }
+  if (options.name.empty()) return absl::InvalidArgumentError("communicator name is empty");
+  return absl::OkStatus();
+}
+
 }  // namespace strata::comm_internal

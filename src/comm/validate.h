@@ -80,5 +80,9 @@ absl::Status ValidateAllToAllV(const GroupInfo& g, const ConstBuffer& send, cons
 absl::Status ValidatePeer(const GroupInfo& g, absl::string_view op, const ConstBuffer& buffer,
                           int peer, const Capabilities& caps);
 absl::Status ValidateExcluded(const GroupInfo& g, absl::Span<const int> excluded);
+// InvalidArgument for a bad version, a non-positive timeout or an empty
+// name of a new communicator (the Gloo and NCCL backends; the MPI backend
+// has the same checks of its own).
+absl::Status CheckCommOptions(const CommOptions& options);
 
 }  // namespace strata::comm_internal

@@ -27,6 +27,16 @@ class AsyncTest : public MultiRankTest {
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? std::move(c).value() : nullptr;
   }
+
+  // Waits on the world until every rank gets here: the peers of a rank
+  // that is still using a fresh communicator must not destroy theirs
+  // before it is done (on Gloo, a destroyed peer closes the connections,
+  // which would end the operation with "connection lost" first).
+  void AllHere() {
+    absl::StatusOr<std::unique_ptr<Work>> barrier = world().Barrier();
+    ASSERT_TRUE(barrier.ok()) << barrier.status();
+    STRATA_EXPECT_OK((*barrier)->Wait(absl::Now() + absl::Seconds(120)));
+  }
 };
 
 TEST_F(AsyncTest, SplitOrdersByKeyAndSkipsNegativeColors) {
@@ -165,6 +175,7 @@ TEST_F(AsyncTest, OperationTimeoutBreaksOnlyItsCommunicator) {
     EXPECT_EQ(later.status().code(), absl::StatusCode::kFailedPrecondition) << later.status();
     EXPECT_TRUE(absl::StrContains(later.status().message(), "failed earlier"));
   }
+  AllHere();
   STRATA_EXPECT_OK(world().AsyncError());
 }
 
@@ -194,6 +205,7 @@ TEST_F(AsyncTest, AbortEndsPendingOperationsInBoundedTime) {
     EXPECT_TRUE(absl::StrContains(later.status().message(), "was aborted")) << later.status();
     EXPECT_EQ(comm->AsyncError().code(), absl::StatusCode::kAborted);
   }
+  AllHere();
 }
 
 // With at most 7 elements per MPI call, every operation is split into many

@@ -33,10 +33,16 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 
 RootOptions HarnessRootOptions() {
   RootOptions options;
-  options.backend = "mpi";
+  // The same suites run on the MPI backend under mpirun and on the Gloo
+  // backend under torchrun (tests/tools/run_torchrun.sh sets this).
+  const char* backend = std::getenv("STRATA_TEST_BACKEND");
+  options.backend = backend != nullptr && *backend != '\0' ? backend : "mpi";
+  options.memory = RootMemory::kHost;
   options.comm.timeout = absl::Seconds(150);
   return options;
 }
+
+bool BackendIs(absl::string_view backend) { return HarnessRootOptions().backend == backend; }
 
 Communicator& MultiRankTest::world() {
   STRATA_CHECK(g_world != nullptr && *g_world != nullptr, "harness root communicator missing");

@@ -1,5 +1,7 @@
 // Harness for GoogleTest binaries that run on N ranks under mpirun
-// (tests/tools/run_multirank.sh). Every rank runs every test; the harness
+// (tests/tools/run_multirank.sh, MPI backend) or torchrun
+// (tests/tools/run_torchrun.sh, Gloo backend through a file store). Every
+// rank runs every test; the harness
 //   - creates one root communicator per process for the tests to use,
 //   - votes at the end of each test, so that a failure on any rank fails
 //     the test on every rank and the ranks never drift apart (a drift would
@@ -31,8 +33,10 @@
 namespace strata::testing {
 
 // The options of the harness's root communicator (tests that build their
-// own roots start from these).
+// own roots start from these): backend $STRATA_TEST_BACKEND (default mpi).
 RootOptions HarnessRootOptions();
+// Whether the suite runs on `backend` ("mpi", "gloo").
+bool BackendIs(absl::string_view backend);
 
 class MultiRankTest : public ::testing::Test {
  protected:

@@ -117,7 +117,8 @@ def test_user_errors_are_named(world):
 def test_init_errors():
     with pytest.raises(strata.MeshError, match="the mesh is for 2 ranks but the job has 1"):
         strata.init(strata.Mesh(2))
-    with pytest.raises(strata.CommError, match="backend 'nccl' is not available"):
+    # No GPU here: the nccl backend says so (or that it is not built).
+    with pytest.raises(strata.CommError, match="no CUDA device|not in this build"):
         strata.init(backend="nccl")
     with pytest.raises(strata.InvalidArgument, match="unknown backend 'tcp'"):
         strata.init(backend="tcp")

@@ -4,7 +4,7 @@
 // it (the World, the elastic layer) sees only the Communicator interface.
 //
 //   absl::StatusOr<strata::LaunchEnv> env = strata::LaunchEnv::Detect();
-//   strata::RootOptions options;            // backend "auto": MPI on CPUs
+//   strata::RootOptions options;            // backend "auto"
 //   options.comm.timeout = absl::Minutes(5);
 //   absl::StatusOr<std::unique_ptr<strata::Communicator>> world =
 //       strata::CreateRootCommunicator(*env, options);
@@ -17,9 +17,22 @@
 //           process (MPI cannot be initialised twice); root communicators
 //           can be created and destroyed any number of times. strata calls
 //           MPI_Finalize at process exit if it initialised MPI.
-//   "auto"  "mpi" when built with it and the launcher is mpirun, Slurm or
-//           none; torchrun jobs need the store-bootstrapped backends that a
-//           later release adds (Unimplemented until then).
+//   "gloo"  Gloo over TCP, host memory, bootstrapped from a Store: CPU jobs
+//           under torchrun (or srun without PMIx). Gloo runs in a plugin,
+//           libstrata_gloo.so, loaded beside libstrata (docs/nccl.md).
+//   "nccl"  NCCL, CUDA device memory, one GPU per rank. The unique id goes
+//           through the Store when there is one (torchrun, srun with
+//           MASTER_ADDR/MASTER_PORT), else through MPI (mpirun). Uses the
+//           libnccl already loaded in the process (torch's), else loads one.
+//   "auto"  "nccl" when a GPU is visible and NCCL is built (unless
+//           RootOptions::memory asks for host memory); otherwise "mpi" under
+//           mpirun, Slurm or no launcher, "gloo" under torchrun (or when
+//           there is no MPI in the build).
+//
+// The store (Gloo, and NCCL under torchrun): RootOptions::store, else
+// $STRATA_STORE ("file:/shared/dir", see strata/comm/store.h). From Python,
+// strata.init() passes torchrun's TCPStore; C++ trainers that link LibTorch
+// can pass strata::torch::ConnectC10dStore(env) (strata/torch/c10d_store.h).
 //
 // Thread-safety: CreateRootCommunicator may be called from any thread; it
 // is collective over every rank of the job.
@@ -35,6 +48,7 @@
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
+#include "strata/comm/store.h"
 
 namespace strata {
 
@@ -69,20 +83,65 @@ struct STRATA_EXPORT MpiOptions {
   size_t max_elements_per_call = 0;  // 0: INT_MAX
 };
 
+// Settings of the Gloo backend.
+struct STRATA_EXPORT GlooOptions {
+  // The network interface Gloo binds to ("eth0"); empty: $GLOO_SOCKET_IFNAME
+  // if set, else the address of `hostname`.
+  std::string iface;
+  // The host name or address to bind to; empty: this host's name.
+  std::string hostname;
+  // The plugin (libstrata_gloo.so); empty: $STRATA_GLOO_PLUGIN, else beside
+  // libstrata.
+  std::string plugin_path;
+};
+
+// Settings of the NCCL backend.
+struct STRATA_EXPORT NcclOptions {
+  // The CUDA device of this rank; -1: the local rank modulo the number of
+  // visible devices.
+  int device = -1;
+  // The libnccl to load when none is loaded yet; empty: $STRATA_NCCL_LIBRARY,
+  // else "libnccl.so.2" from the library path, else the one strata was built
+  // against. A libnccl already in the process (torch's) is always used.
+  std::string library;
+  // With more ranks than this, the root communicator is created from
+  // several unique ids, one per this many ranks (ncclCommInitRankScalable,
+  // NCCL >= 2.23), which spreads NCCL's bootstrap over several roots.
+  int ranks_per_unique_id = 1024;
+  // How often the watchdog polls communicators and operations.
+  absl::Duration watchdog_interval = absl::Milliseconds(10);
+  // Whether PrepareNcclCommunicator applies the topology profile
+  // (strata/comm/nccl_profile.h); STRATA_NCCL_PROFILE=0 also turns it off.
+  bool apply_profile = true;
+};
+
+// The memory a communicator's buffers live in.
+enum class RootMemory : uint8_t { kAuto, kHost, kDevice };
+
 // Options of the root communicator.
 struct STRATA_EXPORT RootOptions {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;
   int version = kVersion;
   // "auto" or a backend name from AvailableBackends().
   std::string backend = "auto";
+  // For "auto": kHost picks a host backend even where a GPU is visible;
+  // kDevice insists on NCCL (FailedPrecondition without a GPU); kAuto takes
+  // NCCL when a GPU is visible.
+  RootMemory memory = RootMemory::kAuto;
   // Name and default operation timeout of the root communicator (splits
   // take their own CommOptions). The root's creation must complete within
   // `comm.timeout` on every rank.
   CommOptions comm;
+  // The rendezvous of store-based bootstrap; null: $STRATA_STORE.
+  std::shared_ptr<Store> store;
   MpiOptions mpi;
+  GlooOptions gloo;
+  NcclOptions nccl;
 };
 
-// The backends compiled into this build ("mpi" where Open MPI was found).
+// The backends compiled into this build: "mpi" where Open MPI was found,
+// "gloo" where Gloo was, "nccl" where CUDA and NCCL were (usable only where
+// a GPU is).
 STRATA_EXPORT std::vector<std::string> AvailableBackends();
 
 // Resolves "auto" for a launch environment: the backend that
@@ -90,6 +149,13 @@ STRATA_EXPORT std::vector<std::string> AvailableBackends();
 // message says why), InvalidArgument for an unknown name.
 STRATA_EXPORT absl::StatusOr<std::string> ResolveBackend(const LaunchEnv& env,
                                                          absl::string_view backend);
+// The same, taking the memory kind and the store into account.
+STRATA_EXPORT absl::StatusOr<std::string> ResolveBackend(const LaunchEnv& env,
+                                                         const RootOptions& options);
+
+// The store the bootstrap would use: options.store, else $STRATA_STORE,
+// else null (no store).
+STRATA_EXPORT absl::StatusOr<std::shared_ptr<Store>> BootstrapStore(const RootOptions& options);
 
 // Creates the communicator of every rank of the job. Collective. The
 // communicator's rank and size match `env` (FailedPrecondition naming both

@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "comm/mpi/half_reduce.h"
+#include "comm/half_reduce.h"
 #include "strata/base/status.h"
 
 namespace strata::mpi {
 namespace {
 
 using comm_internal::DescribeOp;
+using comm_internal::DivideInPlace;
 
 // Tags of the point-to-point messages on the operations communicator.
 constexpr int kUserTag = 0;

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/mpi/half_reduce.h"
+#include "comm/half_reduce.h"
 #include "strata/base/status.h"
 
 #ifdef STRATA_HAVE_ULFM
@@ -23,8 +23,8 @@ namespace {
 // callback needs no lookup.
 template <DataType D, ReduceOp O>
 void HalfOpFn(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
-  HalfReduce(D, O, static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout),
-             static_cast<size_t>(*len));
+  comm_internal::HalfReduce(D, O, static_cast<const uint16_t*>(in), static_cast<uint16_t*>(inout),
+                            static_cast<size_t>(*len));
 }
 
 struct Runtime {

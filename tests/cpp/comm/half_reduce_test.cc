@@ -1,7 +1,7 @@
-// The fp16/bf16 reduction kernels behind the MPI backend's user-defined
-// ops: each element is combined in fp32 and rounded once, for every op,
+// The fp16/bf16 reduction kernels behind the MPI and Gloo backends'
+// reductions: each element is combined in fp32 and rounded once, for every op,
 // across block boundaries.
-#include "comm/mpi/half_reduce.h"
+#include "comm/half_reduce.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "base/half.h"
 
-namespace strata::mpi {
+namespace strata::comm_internal {
 namespace {
 
 float Decode(DataType t, uint16_t v) {
@@ -90,4 +90,4 @@ TEST(HalfReduceTest, DivideForAverage) {
 }
 
 }  // namespace
-}  // namespace strata::mpi
+}  // namespace strata::comm_internal

@@ -1,6 +1,7 @@
 // Reductions of fp16 and bf16 arrays with fp32 accumulation: the kernels
 // behind the MPI backend's user-defined reduction ops (MPI has no bf16,
-// and its fp16 support is an extension without fp32 accumulation).
+// and its fp16 support is an extension without fp32 accumulation) and the
+// Gloo backend's reduce functions (reduce.h).
 //
 //   HalfReduce(DataType::kBFloat16, ReduceOp::kSum, in, inout, n);
 //   // inout[i] = bf16(float(in[i]) + float(inout[i])), rounded to nearest even
@@ -17,7 +18,7 @@
 
 #include "strata/comm/communicator.h"
 
-namespace strata::mpi {
+namespace strata::comm_internal {
 
 // inout[i] = op(in[i], inout[i]) for fp16 or bf16 data; `op` is sum, prod,
 // min or max. CHECK-fails on other dtypes or ops (an internal error).
@@ -27,4 +28,4 @@ void HalfReduce(DataType dtype, ReduceOp op, const uint16_t* in, uint16_t* inout
 // for the avg reduction. Floating-point dtypes only.
 void DivideInPlace(DataType dtype, void* data, size_t n, int divisor);
 
-}  // namespace strata::mpi
+}  // namespace strata::comm_internal

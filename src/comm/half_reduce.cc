@@ -1,11 +1,11 @@
-#include "comm/mpi/half_reduce.h"
+#include "comm/half_reduce.h"
 
 #include <algorithm>
 
 #include "base/half.h"
 #include "strata/base/status.h"
 
-namespace strata::mpi {
+namespace strata::comm_internal {
 namespace {
 
 // Elements widened at a time: two fp32 blocks of 4 KiB stay in L1.
@@ -96,4 +96,4 @@ void DivideInPlace(DataType dtype, void* data, size_t n, int divisor) {
   }
 }
 
-}  // namespace strata::mpi
+}  // namespace strata::comm_internal

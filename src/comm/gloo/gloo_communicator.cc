@@ -1,0 +1,372 @@
+// Collectives and point-to-point operations of the Gloo backend. Structure
+// and fault handling (root creation, Split, Shrink, Abort, Revoke) are in
+// gloo_structure.cc.
+#include "comm/gloo/gloo_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/common/pending_op.h"
+#include "comm/half_reduce.h"
+#include "comm/reduce.h"
+#include "strata/base/status.h"
+
+namespace strata::gloo {
+namespace {
+
+using comm_internal::DescribeOp;
+
+// Slots of user point-to-point messages: a header with the byte count,
+// then the payload (messages on one slot between two ranks match in order).
+constexpr uint32_t kHeaderSlot = 0;
+constexpr uint32_t kPayloadSlot = 1;
+
+bool CanMove(DataType) { return true; }
+bool CanReduce(DataType t) { return t != DataType::kBool; }
+
+size_t Bytes(size_t count, DataType t) { return count * DataTypeSize(t); }
+
+int64_t Millis(absl::Duration d) {
+  return std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::Ceil(d, absl::Milliseconds(1))));
+}
+
+gloo_plugin::ReduceFn ReduceFnFor(DataType dtype, ReduceOp op) {
+  return [dtype, op](void* out, const void* a, const void* b, size_t n) {
+    comm_internal::ReduceInto(dtype, op, out, a, b, n);
+  };
+}
+
+// Gloo wants a pointer even for empty buffers.
+void* NonNull(void* p) {
+  static char dummy;
+  return p != nullptr ? p : &dummy;
+}
+
+// The state of one point-to-point operation, shared by its worker step,
+// its completer step and Abort.
+struct Transfer {
+  std::mutex mu;
+  bool interrupted = false;
+  uint64_t header = 0;  // the payload's byte count
+  std::unique_ptr<gloo_plugin::Pending> header_op;
+  std::unique_ptr<gloo_plugin::Pending> payload_op;
+  std::vector<char> drain;  // an oversized message lands here
+
+  void Interrupt() {
+    std::lock_guard<std::mutex> lock(mu);
+    interrupted = true;
+    if (header_op) header_op->Abort();
+    if (payload_op) payload_op->Abort();
+  }
+  // Waits for `op` (set under the lock) until `deadline`.
+  absl::Status Await(gloo_plugin::Pending* op, absl::Time deadline, absl::string_view what) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (interrupted) return absl::AbortedError(absl::StrCat(what, ": interrupted"));
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": the operation's timeout passed"));
+    }
+    return FromPlugin(op->Wait(Millis(left)), what);
+  }
+};
+
+}  // namespace
+
+absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description) {
+  if (e.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(e.code),
+                      absl::StrCat(description, ": ", e.message));
+}
+
+const comm_internal::Capabilities& GlooCapabilities() {
+  static const comm_internal::Capabilities caps{&CanMove, &CanReduce};
+  return caps;
+}
+
+comm_internal::GroupInfo GlooCommunicator::info() const {
+  return comm_internal::GroupInfo{name_, rank(), size(), world_rank()};
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
+    Kind kind, const std::string& what, const OpOptions& options, RunFn run,
+    std::function<absl::Status(absl::Time)> finish, std::function<void()> interrupt) {
+  if (options.timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " on ", health_.where(), ": timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   " is negative"));
+  }
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
+  std::lock_guard<std::mutex> lock(issue_mu_);
+  const std::string description = absl::StrCat(what, " on ", health_.where());
+  STRATA_RETURN_IF_ERROR(health_.CheckUsable(description));
+  auto op = std::make_shared<QueuedOp>();
+  op->pending = std::make_shared<comm_internal::PendingOp>(description, absl::Now() + timeout);
+  const uint32_t tag = kind == Kind::kCollective ? next_tag_++ : 0;
+  const std::string limit = absl::FormatDuration(timeout);
+  // A Gloo timeout is the operation's own timeout: say which it was.
+  auto name_timeout = [limit](absl::Status s) {
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+    return absl::Status(
+        s.code(), absl::StrCat(s.message(), " (the operation's timeout of ", limit, " passed)"));
+  };
+  comm_internal::PendingOp* pending = op->pending.get();
+  op->run = [run = std::move(run), pending, tag, name_timeout](absl::Duration left) {
+    return name_timeout(run(Step{tag, Millis(left), pending->description()}));
+  };
+  if (finish) {
+    op->finish = [finish = std::move(finish), name_timeout](absl::Time deadline) {
+      return name_timeout(finish(deadline));
+    };
+  }
+  op->interrupt = std::move(interrupt);
+  auto work = std::make_unique<comm_internal::PendingWork>(op->pending);
+  queue_->Submit(std::move(op));
+  return std::unique_ptr<Work>(std::move(work));
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduce(ConstBuffer send, Buffer recv,
+                                                                  ReduceOp op,
+                                                                  const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateAllReduce(info(), send, recv, op, GlooCapabilities()));
+  const int n = size();
+  return Start(Kind::kCollective, DescribeOp("allreduce", ReduceOpName(op), recv), options,
+               [this, send, recv, op, n](const Step& step) {
+                 if (recv.count == 0) return absl::OkStatus();
+                 if (send.data != recv.data) {
+                   std::memcpy(recv.data, send.data, Bytes(recv.count, recv.dtype));
+                 }
+                 STRATA_RETURN_IF_ERROR(FromPlugin(
+                     context_->AllReduce(recv.data, recv.count, DataTypeSize(recv.dtype),
+                                         ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
+                     step.description));
+                 if (op == ReduceOp::kAvg) {
+                   comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
+                 }
+                 return absl::OkStatus();
+               });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(Buffer buffer, int root,
+                                                                  const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateBroadcast(info(), buffer, root, GlooCapabilities()));
+  return Start(Kind::kCollective, DescribeOp("broadcast", absl::StrCat("root ", root), buffer),
+               options, [this, buffer, root](const Step& step) {
+                 if (buffer.count == 0) return absl::OkStatus();
+                 return FromPlugin(
+                     context_->Broadcast(buffer.data, Bytes(buffer.count, buffer.dtype), root,
+                                         step.tag, step.timeout_ms),
+                     step.description);
+               });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Reduce(ConstBuffer send, Buffer recv,
+                                                               ReduceOp op, int root,
+                                                               const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateReduce(info(), send, recv, op, root, GlooCapabilities()));
+  const int n = size();
+  const bool is_root = rank() == root;
+  return Start(Kind::kCollective,
+               DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send), options,
+               [this, send, recv, op, root, n, is_root](const Step& step) {
+                 if (send.count == 0) return absl::OkStatus();
+                 // Off the root, `recv` is ignored (the plugin uses scratch).
+                 void* out = is_root ? recv.data : nullptr;
+                 STRATA_RETURN_IF_ERROR(FromPlugin(
+                     context_->Reduce(send.data, out, send.count, DataTypeSize(send.dtype),
+                                      ReduceFnFor(send.dtype, op), root, step.tag, step.timeout_ms),
+                     step.description));
+                 if (op == ReduceOp::kAvg && is_root) {
+                   comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
+                 }
+                 return absl::OkStatus();
+               });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(ConstBuffer send, Buffer recv,
+                                                                  const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(info(), send, recv, GlooCapabilities()));
+  const size_t block = Bytes(send.count, send.dtype);
+  const bool in_place =
+      send.data != nullptr && send.data == static_cast<char*>(recv.data) + block * rank();
+  return Start(Kind::kCollective, DescribeOp("allgather", "", send), options,
+               [this, send, recv, block, in_place](const Step& step) {
+                 if (block == 0) return absl::OkStatus();
+                 return FromPlugin(context_->AllGather(in_place ? nullptr : send.data, recv.data,
+                                                       block, step.tag, step.timeout_ms),
+                                   step.description);
+               });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(ConstBuffer send, Buffer recv,
+                                                                      ReduceOp op,
+                                                                      const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateReduceScatter(info(), send, recv, op, GlooCapabilities()));
+  const int n = size();
+  return Start(
+      Kind::kCollective, DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
+      [this, send, recv, op, n](const Step& step) {
+        if (recv.count == 0) return absl::OkStatus();
+        STRATA_RETURN_IF_ERROR(FromPlugin(
+            context_->ReduceScatter(send.data, recv.data, recv.count, DataTypeSize(recv.dtype),
+                                    ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
+            step.description));
+        if (op == ReduceOp::kAvg) {
+          comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAll(ConstBuffer send, Buffer recv,
+                                                                 const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(info(), send, recv, GlooCapabilities()));
+  const size_t bytes = Bytes(send.count, send.dtype);
+  const size_t block = bytes / static_cast<size_t>(size());
+  return Start(Kind::kCollective, DescribeOp("all_to_all", "", send), options,
+               [this, send, recv, bytes, block](const Step& step) {
+                 if (block == 0) return absl::OkStatus();
+                 // In place: Gloo needs distinct buffers; send from a copy.
+                 std::vector<char> staged;
+                 const void* source = send.data;
+                 if (send.data == recv.data) {
+                   staged.assign(static_cast<const char*>(send.data),
+                                 static_cast<const char*>(send.data) + bytes);
+                   source = staged.data();
+                 }
+                 return FromPlugin(
+                     context_->AllToAll(source, recv.data, block, step.tag, step.timeout_ms),
+                     step.description);
+               });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
+                                                                  const AllToAllCounts& counts,
+                                                                  const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidateAllToAllV(info(), send, recv, counts, GlooCapabilities()));
+  std::vector<int64_t> send_counts(counts.send_counts.begin(), counts.send_counts.end());
+  std::vector<int64_t> recv_counts(counts.recv_counts.begin(), counts.recv_counts.end());
+  return Start(
+      Kind::kCollective, DescribeOp("all_to_all_v", "", send), options,
+      [this, send, recv, send_counts, recv_counts](const Step& step) {
+        std::vector<char> staged;
+        const void* source = send.data;
+        if (send.data == recv.data && send.count != 0) {
+          const char* p = static_cast<const char*>(send.data);
+          staged.assign(p, p + Bytes(send.count, send.dtype));
+          source = staged.data();
+        }
+        return FromPlugin(
+            context_->AllToAllV(NonNull(const_cast<void*>(source)), send_counts, NonNull(recv.data),
+                                recv_counts, DataTypeSize(send.dtype), step.tag, step.timeout_ms),
+            step.description);
+      });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions& options) {
+  return Start(Kind::kCollective, DescribeOp("barrier", ""), options, [this](const Step& step) {
+    return FromPlugin(context_->Barrier(step.tag, step.timeout_ms), step.description);
+  });
+}
+
+// A send posts a header (the byte count) and the payload; the completer
+// waits for both. The header lets the receiver check the size before it
+// posts its buffer, so a mismatch is an error, not a Gloo assertion.
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer, int peer,
+                                                             const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidatePeer(info(), "send", buffer, peer, GlooCapabilities()));
+  auto t = std::make_shared<Transfer>();
+  t->header = Bytes(buffer.count, buffer.dtype);
+  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
+  auto result = Start(
+      Kind::kPointToPoint, what, options,
+      [this, t, buffer, peer](const Step& step) {
+        std::lock_guard<std::mutex> lock(t->mu);
+        STRATA_RETURN_IF_ERROR(FromPlugin(
+            context_->Send(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
+            step.description));
+        if (t->header == 0) return absl::OkStatus();
+        return FromPlugin(
+            context_->Send(buffer.data, t->header, peer, kPayloadSlot, &t->payload_op),
+            step.description);
+      },
+      [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+        absl::Status s = t->Await(t->header_op.get(), deadline, what);
+        if (s.ok() && t->payload_op) s = t->Await(t->payload_op.get(), deadline, what);
+        if (!s.ok()) Bury(t);
+        return s;
+      },
+      [t] { t->Interrupt(); });
+  return result;
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int peer,
+                                                             const OpOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      comm_internal::ValidatePeer(info(), "recv", buffer, peer, GlooCapabilities()));
+  auto t = std::make_shared<Transfer>();
+  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
+  const size_t capacity = Bytes(buffer.count, buffer.dtype);
+  return Start(
+      Kind::kPointToPoint, what, options,
+      [this, t, peer](const Step& step) {
+        std::lock_guard<std::mutex> lock(t->mu);
+        return FromPlugin(
+            context_->Recv(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
+            step.description);
+      },
+      [this, t, buffer, peer, capacity,
+       what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
+        absl::Status s = t->Await(t->header_op.get(), deadline, what);
+        const size_t incoming = static_cast<size_t>(t->header);
+        if (s.ok() && incoming != 0) {
+          {
+            std::lock_guard<std::mutex> lock(t->mu);
+            void* target = buffer.data;
+            if (incoming > capacity) {
+              t->drain.resize(incoming);
+              target = t->drain.data();
+            }
+            s = t->interrupted ? absl::AbortedError(absl::StrCat(what, ": interrupted"))
+                               : FromPlugin(context_->Recv(target, incoming, peer, kPayloadSlot,
+                                                           &t->payload_op),
+                                            what);
+          }
+          if (s.ok()) s = t->Await(t->payload_op.get(), deadline, what);
+        }
+        if (!s.ok()) {
+          Bury(t);
+          return s;
+        }
+        if (incoming == capacity) return absl::OkStatus();
+        const size_t elem = DataTypeSize(buffer.dtype);
+        if (incoming > capacity) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": the sender sent a message of ", incoming / elem, " x ",
+              DataTypeName(buffer.dtype), ", larger than the buffer (", buffer.count, ")"));
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": received ", incoming / elem, " x ", DataTypeName(buffer.dtype),
+                         ", expected ", buffer.count, " (the sender sent a different count)"));
+      },
+      [t] { t->Interrupt(); });
+}
+
+void GlooCommunicator::Bury(std::shared_ptr<void> transfer) {
+  std::lock_guard<std::mutex> lock(graveyard_mu_);
+  graveyard_.push_back(std::move(transfer));
+}
+
+}  // namespace strata::gloo

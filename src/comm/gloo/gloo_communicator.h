@@ -1,0 +1,173 @@
+// The Gloo backend of strata::Communicator (host memory, bootstrapped from a
+// Store): what CPU jobs use under torchrun, where there is no MPI world.
+//
+// Gloo itself runs in a plugin (plugin_api.h says why); this class holds
+// no gloo:: reference. Each communicator has a Gloo context (a full mesh of
+// TCP connections among its ranks, made through the store) and a queue
+// (gloo_queue.h) whose worker thread runs its operations in issue order.
+//
+// Structure and faults:
+//   root     every rank draws the next root number from the store (a
+//            counter per rank, so the k-th root of every rank meets under
+//            the same keys), then the ranks connect through the store.
+//   Split    an allgather of (color, key) on the parent, then a new context
+//            among the ranks of each color, through the store.
+//   Shrink   the survivors only: each publishes a hash of its survivor list
+//            and checks its neighbour's (different lists are an
+//            InvalidArgument), then a new context among them through the
+//            store. Works after failures and on a revoked communicator:
+//            the old connections are not used.
+//   Abort    local and immediate: pending operations fail with Aborted, and
+//            the connections are closed, which wakes this rank's blocked
+//            operation (and fails the peers' operations on it).
+//   Revoke   a flag in the store, then Abort's closing: peers' operations
+//            fail on the closed connections, find the flag, and report
+//            Aborted ("revoked by a peer").
+//
+// Thread-safety: as Communicator.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "comm/common/health.h"
+#include "comm/gloo/gloo_loader.h"
+#include "comm/gloo/gloo_queue.h"
+#include "comm/gloo/plugin_api.h"
+#include "comm/validate.h"
+#include "strata/comm/backend.h"
+#include "strata/comm/communicator.h"
+#include "strata/comm/store.h"
+
+namespace strata::gloo {
+
+// What a root communicator shares with every communicator made from it.
+struct GlooRuntime {
+  std::shared_ptr<GlooPlugin> plugin;
+  std::shared_ptr<gloo_plugin::Device> device;
+  std::shared_ptr<Store> store;
+  int world_rank = 0;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // Collective over every rank of the job: connects a root communicator of
+  // `size` ranks through `store`.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> CreateRoot(const RootOptions& options,
+                                                                      std::shared_ptr<Store> store,
+                                                                      int rank, int size);
+
+  GlooCommunicator(std::shared_ptr<GlooRuntime> runtime,
+                   std::unique_ptr<gloo_plugin::Context> context, const CommOptions& options,
+                   std::string uid);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return context_->rank(); }
+  int size() const override { return context_->size(); }
+  const std::string& name() const override { return name_; }
+  int world_rank() const override { return runtime_->world_rank; }
+  absl::string_view backend() const override { return "gloo"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer send, Buffer recv, ReduceOp op, int root,
+                                               const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                      const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer send, Buffer recv,
+                                                 const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer send, Buffer recv,
+                                                  const AllToAllCounts& counts,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
+                                             const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
+                                             const OpOptions& options) override;
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                      const CommOptions& options) override;
+  absl::Status Abort() override;
+  absl::Status Revoke() override;
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
+                                                       const CommOptions& options) override;
+  absl::Status AsyncError() override;
+
+  // The plugin in use (for reports and tests).
+  const GlooPlugin& plugin() const { return *runtime_->plugin; }
+
+ private:
+  // What an operation does on the worker thread: `tag` is the same on
+  // every rank, `timeout_ms` the time left before its deadline.
+  struct Step {
+    uint32_t tag;
+    int64_t timeout_ms;
+    const std::string& description;
+  };
+  using RunFn = std::function<absl::Status(const Step& step)>;
+  // Collectives take the next tag (every rank issues the same collectives,
+  // so tags agree); point-to-point operations, which only some ranks issue,
+  // take none.
+  enum class Kind { kCollective, kPointToPoint };
+  // Queues an operation; `finish` (optional) runs on the completer thread
+  // with the operation's deadline, `interrupt` (optional) makes it return.
+  absl::StatusOr<std::unique_ptr<Work>> Start(Kind kind, const std::string& what,
+                                              const OpOptions& options, RunFn run,
+                                              std::function<absl::Status(absl::Time)> finish = {},
+                                              std::function<void()> interrupt = {});
+  comm_internal::GroupInfo info() const;
+  // Classifies a failure: marks the communicator failed (or revoked, when
+  // the store says a peer revoked it) and returns the status to report.
+  absl::Status OnError(const absl::Status& status);
+  // Connects a new communicator of `size` ranks (this one is `rank`)
+  // through the store under `uid`.
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(const std::string& uid, int rank,
+                                                            int size, const CommOptions& options);
+  // Runs a collective of this communicator and waits for it (for Split).
+  absl::Status RunNow(absl::StatusOr<std::unique_ptr<Work>> work, absl::Time deadline);
+  void CloseConnections();
+  // Keeps a failed transfer's buffers alive until the connections are closed.
+  void Bury(std::shared_ptr<void> transfer);
+
+  const std::shared_ptr<GlooRuntime> runtime_;
+  const std::unique_ptr<gloo_plugin::Context> context_;
+  const std::string name_;
+  const absl::Duration timeout_;
+  const std::string uid_;
+  comm_internal::CommHealth health_;
+  // Serialises the starting of operations so that tags and queue order
+  // agree; guards the counters.
+  std::mutex issue_mu_;
+  uint32_t next_tag_ = 0;
+  int split_seq_ = 0;
+  int shrink_seq_ = 0;
+  std::atomic<bool> closed_{false};
+  std::mutex graveyard_mu_;
+  std::vector<std::shared_ptr<void>> graveyard_;
+  // Last member: stopped (joined) first on destruction.
+  std::unique_ptr<GlooQueue> queue_;
+};
+
+// Connects a context of `size` ranks through `store` under `uid` (also used
+// for the root).
+absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooRuntime& runtime,
+                                                                     const std::string& uid,
+                                                                     int rank, int size,
+                                                                     absl::Time deadline);
+
+// A plugin error as a status whose message starts with `description`.
+absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description);
+
+// What this backend supports, for the shared validation.
+const comm_internal::Capabilities& GlooCapabilities();
+
+}  // namespace strata::gloo

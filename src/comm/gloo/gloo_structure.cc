@@ -1,0 +1,297 @@
+// Structure and fault handling of the Gloo backend: connecting through the
+// store, the root communicator, Split, Shrink, Abort, Revoke and AsyncError
+// (see gloo_communicator.h for the design).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "comm/gloo/gloo_communicator.h"
+#include "strata/base/status.h"
+
+namespace strata::gloo {
+namespace {
+
+gloo_plugin::Error ToError(const absl::Status& s) {
+  if (s.ok()) return {};
+  return {static_cast<int>(s.code()), std::string(s.message())};
+}
+
+// The store as the plugin's rendezvous: keys under `prefix`, every wait
+// bounded by `deadline`.
+class StoreRendezvous final : public gloo_plugin::Rendezvous {
+ public:
+  StoreRendezvous(Store& store, std::string prefix, absl::Time deadline)
+      : store_(store), prefix_(std::move(prefix)), deadline_(deadline) {}
+  gloo_plugin::Error Set(const std::string& key, const std::string& value) override {
+    return ToError(store_.Set(absl::StrCat(prefix_, key), value, deadline_));
+  }
+  gloo_plugin::Error Get(const std::string& key, std::string* value) override {
+    absl::StatusOr<std::string> v = store_.Get(absl::StrCat(prefix_, key), deadline_);
+    if (!v.ok()) return ToError(v.status());
+    *value = *std::move(v);
+    return {};
+  }
+
+ private:
+  Store& store_;
+  const std::string prefix_;
+  const absl::Time deadline_;
+};
+
+// FNV-1a over the survivor list, which survivors compare in Shrink.
+uint64_t HashRanks(const std::vector<int>& ranks) {
+  uint64_t h = 1469598103934665603ull;
+  for (int r : ranks) {
+    for (int i = 0; i < 4; ++i) {
+      h ^= static_cast<uint64_t>((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu);
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooRuntime& runtime,
+                                                                     const std::string& uid,
+                                                                     int rank, int size,
+                                                                     absl::Time deadline) {
+  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline);
+  gloo_plugin::ConnectOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.timeout_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now()));
+  std::unique_ptr<gloo_plugin::Context> context;
+  gloo_plugin::Error e = runtime.plugin->api().connect(runtime.device, options, rv, &context);
+  if (!e.ok()) {
+    return FromPlugin(e,
+                      absl::StrCat("connecting ", size, " ranks (this is rank ", rank, ") through ",
+                                   runtime.store->Describe(), " under '", uid, "'"));
+  }
+  return context;
+}
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
+    const RootOptions& options, std::shared_ptr<Store> store, int rank, int size) {
+  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
+  const absl::Time deadline = absl::Now() + options.comm.timeout;
+  const std::string what = absl::StrCat("creating the gloo root communicator '", options.comm.name,
+                                        "' (rank ", rank, " of ", size, ")");
+  if (store == nullptr) {
+    if (size != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what,
+          ": the gloo backend needs a store to bootstrap through (RootOptions::store, or "
+          "STRATA_STORE=file:/shared/dir; strata.init() passes torchrun's)"));
+    }
+    store = MakeMemoryStore();  // a world of one meets only itself
+  }
+  auto runtime = std::make_shared<GlooRuntime>();
+  runtime->world_rank = rank;
+  runtime->store = store;
+  absl::StatusOr<std::shared_ptr<GlooPlugin>> plugin = LoadGlooPlugin(options.gloo.plugin_path);
+  if (!plugin.ok()) return internal::Annotate(plugin.status(), what);
+  runtime->plugin = *std::move(plugin);
+  gloo_plugin::DeviceOptions device;
+  device.iface = options.gloo.iface;
+  if (device.iface.empty()) {
+    if (const char* env = std::getenv("GLOO_SOCKET_IFNAME"); env != nullptr) device.iface = env;
+  }
+  device.hostname = options.gloo.hostname;
+  STRATA_RETURN_IF_ERROR(
+      FromPlugin(runtime->plugin->api().create_device(device, &runtime->device), what));
+  // The k-th root of every rank: a counter per rank in the store.
+  absl::StatusOr<int64_t> generation = store->Add(absl::StrCat("strata/roots/", rank), 1, deadline);
+  if (!generation.ok()) return internal::Annotate(generation.status(), what);
+  const std::string uid = absl::StrCat("strata/root", *generation);
+  absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> context =
+      ConnectContext(*runtime, uid, rank, size, deadline);
+  if (!context.ok()) return internal::Annotate(context.status(), what);
+  return std::make_unique<GlooCommunicator>(std::move(runtime), std::move(context).value(),
+                                            options.comm, uid);
+}
+
+GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooRuntime> runtime,
+                                   std::unique_ptr<gloo_plugin::Context> context,
+                                   const CommOptions& options, std::string uid)
+    : runtime_(std::move(runtime)),
+      context_(std::move(context)),
+      name_(options.name),
+      timeout_(options.timeout),
+      uid_(std::move(uid)),
+      health_(absl::StrCat("group ", options.name, " (rank ", context_->rank(), " of ",
+                           context_->size(), ", world rank ", runtime_->world_rank, ")")),
+      queue_(std::make_unique<GlooQueue>(&health_,
+                                         [this](const absl::Status& s) { return OnError(s); })) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  // An operation blocked in Gloo returns once the connections close.
+  if (queue_->busy()) CloseConnections();
+  queue_->Stop(absl::AbortedError("the communicator was destroyed"));
+}
+
+void GlooCommunicator::CloseConnections() {
+  if (!closed_.exchange(true)) context_->CloseConnections();
+}
+
+absl::Status GlooCommunicator::OnError(const absl::Status& status) {
+  // Already broken (aborted, revoked, failed): nothing more to learn.
+  if (!health_.healthy()) return status;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      return status;  // a mismatched message; the communicator is fine
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted: {
+      // Connections closed under us: a peer revoked the communicator (the
+      // flag is in the store), aborted, or is gone. The flag is read with
+      // a deadline in the past: one look, no waiting.
+      absl::StatusOr<std::string> flag =
+          runtime_->store->Get(absl::StrCat(uid_, "/revoked"), absl::InfinitePast());
+      if (flag.ok()) {
+        absl::Status revoked = absl::AbortedError(
+            absl::StrCat(status.message(), " (the communicator was revoked by rank ", *flag, ")"));
+        health_.SetRevoked(revoked);
+        CloseConnections();
+        return revoked;
+      }
+      absl::Status lost = status;
+      if (status.code() == absl::StatusCode::kUnavailable) {
+        lost.SetPayload(kRankFailurePayload, absl::Cord(""));  // which rank: unknown
+      }
+      health_.SetFailed(lost);
+      // Close ours too, so that peers blocked on this rank fail now rather
+      // than at their timeouts.
+      CloseConnections();
+      return lost;
+    }
+    default:
+      health_.SetFailed(status);
+      return status;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
+    const std::string& uid, int rank, int size, const CommOptions& options) {
+  const absl::Time deadline = absl::Now() + options.timeout;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gloo_plugin::Context> context,
+                          ConnectContext(*runtime_, uid, rank, size, deadline));
+  return std::make_unique<GlooCommunicator>(runtime_, std::move(context), options, uid);
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(int color, int key,
+                                                                      const CommOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string what = absl::StrCat("split(color ", color, ", key ", key, ") into '",
+                                        options.name, "' on ", health_.where());
+  int seq;
+  {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    STRATA_RETURN_IF_ERROR(health_.CheckUsable(what));
+    seq = split_seq_++;
+  }
+  // Every rank's (color, key), through the parent.
+  const int n = size();
+  int32_t mine[2] = {color < 0 ? -1 : color, key};
+  std::vector<int32_t> all(2 * static_cast<size_t>(n));
+  OpOptions gather;
+  gather.timeout = options.timeout;
+  absl::StatusOr<std::unique_ptr<Work>> work =
+      AllGather(ConstBuffer(mine, 2, DataType::kInt32), Buffer::Of(all.data(), all.size()), gather);
+  if (!work.ok()) return internal::Annotate(work.status(), what);
+  STRATA_RETURN_IF_ERROR_CTX((*work)->Wait(deadline), what);
+  if (color < 0) return std::unique_ptr<Communicator>();
+  std::vector<std::pair<int32_t, int>> members;  // (key, parent rank)
+  for (int r = 0; r < n; ++r) {
+    if (all[2 * static_cast<size_t>(r)] == color) members.emplace_back(all[2 * r + 1], r);
+  }
+  std::sort(members.begin(), members.end());
+  const int new_rank = static_cast<int>(
+      std::find_if(members.begin(), members.end(),
+                   [&](const std::pair<int32_t, int>& m) { return m.second == rank(); }) -
+      members.begin());
+  const std::string uid = absl::StrCat(uid_, "/s", seq, "c", color);
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child =
+      Connect(uid, new_rank, static_cast<int>(members.size()), options);
+  if (!child.ok()) return internal::Annotate(child.status(), what);
+  return std::unique_ptr<Communicator>(std::move(child).value());
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Shrink(
+    absl::Span<const int> excluded, const CommOptions& options) {
+  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
+  STRATA_RETURN_IF_ERROR(comm_internal::ValidateExcluded(info(), excluded));
+  std::vector<int> sorted(excluded.begin(), excluded.end());
+  std::sort(sorted.begin(), sorted.end());
+  const std::string what = absl::StrCat("shrink excluding ranks [", absl::StrJoin(sorted, ", "),
+                                        "] into '", options.name, "' on ", health_.where());
+  if (std::binary_search(sorted.begin(), sorted.end(), rank())) {
+    return std::unique_ptr<Communicator>();  // excluded ranks take no part
+  }
+  std::vector<int> survivors;
+  for (int r = 0; r < size(); ++r) {
+    if (!std::binary_search(sorted.begin(), sorted.end(), r)) survivors.push_back(r);
+  }
+  const int m = static_cast<int>(survivors.size());
+  const int me = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank()) -
+                                  survivors.begin());
+  int seq;
+  {
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    seq = shrink_seq_++;
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string uid = absl::StrCat(uid_, "/k", seq);
+  // Survivors compare their lists with a neighbour's: O(1) store operations
+  // each, and every disagreement is seen by some survivor.
+  Store& store = *runtime_->store;
+  const std::string hash = absl::StrCat(HashRanks(survivors));
+  STRATA_RETURN_IF_ERROR_CTX(store.Set(absl::StrCat(uid, "/h/", rank()), hash, deadline), what);
+  const int next = survivors[static_cast<size_t>((me + 1) % m)];
+  absl::StatusOr<std::string> theirs = store.Get(absl::StrCat(uid, "/h/", next), deadline);
+  if (!theirs.ok()) {
+    return internal::Annotate(
+        theirs.status(), absl::StrCat(what, ": survivor rank ", next,
+                                      " did not join (is it alive, and does it exclude the same "
+                                      "ranks?)"));
+  }
+  if (*theirs != hash) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": survivor rank ", next,
+        " passed a different list of excluded ranks (every survivor must pass the same list)"));
+  }
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(uid, me, m, options);
+  if (!child.ok()) return internal::Annotate(child.status(), what);
+  return std::unique_ptr<Communicator>(std::move(child).value());
+}
+
+absl::Status GlooCommunicator::Abort() {
+  // Aborted first: interrupting the running operation makes it fail, and
+  // OnError must not take that failure for a revoke. Then the pending
+  // operations, so that they fail with this message rather than with the
+  // closed connections'.
+  health_.SetAborted();
+  queue_->FailAll(absl::AbortedError("the communicator was aborted by this rank"));
+  CloseConnections();
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::Revoke() {
+  const absl::Time deadline = absl::Now() + timeout_;
+  STRATA_RETURN_IF_ERROR_CTX(
+      runtime_->store->Set(absl::StrCat(uid_, "/revoked"), absl::StrCat(rank()), deadline),
+      "revoke on ", health_.where());
+  queue_->FailAll(absl::AbortedError("the communicator was revoked by this rank"));
+  health_.SetRevoked(absl::AbortedError(absl::StrCat(health_.where(), ": revoked by this rank")));
+  CloseConnections();
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::AsyncError() { return health_.Health(); }
+
+}  // namespace strata::gloo

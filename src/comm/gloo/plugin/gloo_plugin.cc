@@ -1,0 +1,489 @@
+// The Gloo plugin (libstrata_gloo.so): Gloo's TCP transport and collectives
+// behind the table of plugin_api.h. libstrata loads it with
+// dlopen(RTLD_LOCAL | RTLD_DEEPBIND); see plugin_api.h for why.
+//
+// Connecting a group (Connect): Gloo 0.5's TCP transport gives every pair
+// of ranks its own listening socket, so rank i must learn, from every other
+// rank j, the port of j's socket for i. Gloo's own connectFullMesh has every
+// rank read every other rank's whole address list (O(N^2) bytes per rank).
+// Here each rank publishes one compact record (its address and its N ports);
+// rank 0 reads the N records and publishes, for each rank i, the column of
+// addresses it needs; rank i reads that one key. Store operations: O(1) per
+// rank, O(N) on rank 0; bytes read by rank i: O(N). The sockets themselves
+// (N-1 per rank) are what Gloo's transport needs.
+#include <dlfcn.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/config.h>
+#include <gloo/context.h>
+#include <gloo/reduce.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "comm/gloo/plugin_api.h"
+
+namespace strata::gloo_plugin {
+namespace {
+
+// Slot prefixes of strata's own transfers, above Gloo's (0x01-0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0xf1;
+constexpr uint8_t kUserSlotPrefix = 0xf2;
+
+#define STRATA_GLOO_STR2(x) #x
+#define STRATA_GLOO_STR(x) STRATA_GLOO_STR2(x)
+constexpr const char* kGlooVersion = STRATA_GLOO_STR(GLOO_VERSION_MAJOR) "." STRATA_GLOO_STR(
+    GLOO_VERSION_MINOR) "." STRATA_GLOO_STR(GLOO_VERSION_PATCH);
+
+std::chrono::milliseconds Ms(int64_t ms) { return std::chrono::milliseconds(ms > 0 ? ms : 1); }
+
+// Turns what Gloo throws into an Error: its timeouts say "Timed out"; other
+// I/O errors are lost or closed connections.
+Error FromException(const std::exception& e, const std::string& what) {
+  const std::string msg = e.what();
+  if (dynamic_cast<const ::gloo::IoException*>(&e) != nullptr) {
+    if (msg.find("Timed out") != std::string::npos) {
+      return {kDeadlineExceeded, what + ": timed out in Gloo (" + msg + ")"};
+    }
+    return {kUnavailable, what + ": connection lost (" + msg + ")"};
+  }
+  return {kInternal, what + ": " + msg};
+}
+
+template <typename F>
+Error Guard(const std::string& what, F&& f) {
+  try {
+    f();
+    return {};
+  } catch (const std::exception& e) {
+    return FromException(e, what);
+  }
+}
+
+// Calls f(T{}) with an unsigned integer type of `elem` bytes: Gloo's
+// options take typed pointers, but only their size matters to it.
+template <typename F>
+Error BySize(size_t elem, F&& f) {
+  switch (elem) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      return {kInvalidArgument, "element size " + std::to_string(elem) + " is not 1, 2, 4 or 8"};
+  }
+}
+
+class TcpDevice final : public Device {
+ public:
+  explicit TcpDevice(std::shared_ptr<::gloo::transport::Device> device)
+      : device_(std::move(device)) {}
+  std::string Describe() const override { return device_->str(); }
+  std::shared_ptr<::gloo::transport::Device>& get() { return device_; }
+
+ private:
+  std::shared_ptr<::gloo::transport::Device> device_;
+};
+
+// gloo::Context with the connections strata made (its members are
+// protected).
+class MeshContext final : public ::gloo::Context {
+ public:
+  MeshContext(int rank, int size) : ::gloo::Context(rank, size) {}
+  void Adopt(std::shared_ptr<::gloo::transport::Device> device,
+             std::shared_ptr<::gloo::transport::Context> transport) {
+    device_ = std::move(device);
+    transportContext_ = std::move(transport);
+  }
+};
+
+class UnboundPending final : public Pending {
+ public:
+  UnboundPending(std::unique_ptr<::gloo::transport::UnboundBuffer> buf, bool send, int peer)
+      : buf_(std::move(buf)), send_(send), peer_(peer) {}
+  Error Wait(int64_t timeout_ms) override {
+    const std::string what =
+        std::string(send_ ? "send to" : "recv from") + " rank " + std::to_string(peer_);
+    bool completed = false;
+    Error e = Guard(what, [&] {
+      completed = send_ ? buf_->waitSend(Ms(timeout_ms)) : buf_->waitRecv(Ms(timeout_ms));
+    });
+    if (e.ok() && !completed) return {kAborted, what + ": aborted"};
+    return e;
+  }
+  void Abort() override {
+    if (send_) {
+      buf_->abortWaitSend();
+    } else {
+      buf_->abortWaitRecv();
+    }
+  }
+
+ private:
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buf_;
+  const bool send_;
+  const int peer_;
+};
+
+// Closing a context's connections the way Gloo does when a wait times out:
+// tcp::Context::signalException fails every pending operation of every pair
+// (waking the threads blocked on them) and closes the sockets, so peers
+// fail too. ::gloo::Context::closeConnections only closes the sockets, which
+// leaves this rank's blocked thread waiting until its timeout. The member is
+// protected and Debian's libgloo-dev lacks a header that tcp/context.h
+// needs (gloo/common/memory.h), so it is looked up by its exported name and
+// called with the object as the first argument (the Itanium C++ ABI's
+// convention for non-virtual members), after checking the object's dynamic
+// type. Without it, closing falls back to closing the sockets.
+using SignalExceptionFn = void (*)(void* self, const std::string& message);
+
+SignalExceptionFn FindSignalException() {
+  void* gloo = dlopen("libgloo.so.0", RTLD_LAZY | RTLD_NOLOAD);
+  if (gloo == nullptr) return nullptr;
+  void* sym =
+      dlsym(gloo,
+            "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt1"
+            "1char_traitsIcESaIcEEE");
+  dlclose(gloo);  // still loaded: the plugin depends on it
+  return reinterpret_cast<SignalExceptionFn>(sym);
+}
+
+class GlooContext final : public Context {
+ public:
+  GlooContext(std::shared_ptr<MeshContext> ctx,
+              std::shared_ptr<::gloo::transport::Context> transport)
+      : ctx_(std::move(ctx)), transport_(std::move(transport)) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+
+  Error AllReduce(void* data, size_t count, size_t elem, const ReduceFn& fn, uint32_t tag,
+                  int64_t timeout_ms) override {
+    return BySize(elem, [&](auto t) {
+      using T = decltype(t);
+      return Guard("allreduce", [&] {
+        ::gloo::AllreduceOptions opts(ctx_);
+        opts.setOutput(static_cast<T*>(data), count);
+        opts.setReduceFunction(fn);
+        opts.setTag(tag);
+        opts.setTimeout(Ms(timeout_ms));
+        ::gloo::allreduce(opts);
+      });
+    });
+  }
+
+  Error Broadcast(void* data, size_t bytes, int root, uint32_t tag, int64_t timeout_ms) override {
+    return Guard("broadcast", [&] {
+      ::gloo::BroadcastOptions opts(ctx_);
+      opts.setOutput(static_cast<uint8_t*>(data), bytes);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(Ms(timeout_ms));
+      ::gloo::broadcast(opts);
+    });
+  }
+
+  Error Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
+               int root, uint32_t tag, int64_t timeout_ms) override {
+    // Gloo's ring reduce uses the output on every rank as scratch.
+    std::vector<char> scratch;
+    if (ctx_->rank != root) {
+      scratch.resize(count * elem);
+      recv = scratch.data();
+    }
+    return BySize(elem, [&](auto t) {
+      using T = decltype(t);
+      return Guard("reduce", [&] {
+        ::gloo::ReduceOptions opts(ctx_);
+        if (send != recv) opts.setInput(const_cast<T*>(static_cast<const T*>(send)), count);
+        opts.setOutput(static_cast<T*>(recv), count);
+        opts.setRoot(root);
+        opts.setReduceFunction(fn);
+        opts.setTag(tag);
+        opts.setTimeout(Ms(timeout_ms));
+        ::gloo::reduce(opts);
+      });
+    });
+  }
+
+  Error AllGather(const void* send, void* recv, size_t block_bytes, uint32_t tag,
+                  int64_t timeout_ms) override {
+    return Guard("allgather", [&] {
+      ::gloo::AllgatherOptions opts(ctx_);
+      if (send != nullptr) {
+        opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), block_bytes);
+      }
+      opts.setOutput(static_cast<uint8_t*>(recv), block_bytes * static_cast<size_t>(ctx_->size));
+      opts.setTag(tag);
+      opts.setTimeout(Ms(timeout_ms));
+      ::gloo::allgather(opts);
+    });
+  }
+
+  // A ring: at step s, rank r sends its partial sum of block (r - s - 1)
+  // to r + 1 and adds the block (r - s - 2) that r - 1 sent into its own;
+  // after size - 1 steps block r holds every rank's contribution. Each rank
+  // sends (size - 1) blocks, the least any reduce-scatter can.
+  Error ReduceScatter(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
+                      uint32_t tag, int64_t timeout_ms) override {
+    const int n = ctx_->size, r = ctx_->rank;
+    const size_t block = count * elem;
+    std::vector<char> acc(static_cast<const char*>(send),
+                          static_cast<const char*>(send) + block * static_cast<size_t>(n));
+    std::vector<char> incoming(block);
+    const auto deadline = std::chrono::steady_clock::now() + Ms(timeout_ms);
+    auto left = [&] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+    };
+    bool aborted = false;
+    Error e = Guard("reduce_scatter", [&] {
+      auto acc_buf = ctx_->createUnboundBuffer(acc.data(), acc.size());
+      auto in_buf = ctx_->createUnboundBuffer(incoming.data(), incoming.size());
+      const uint64_t slot = ::gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      for (int s = 0; s < n - 1; ++s) {
+        const size_t out_block = static_cast<size_t>(((r - s - 1) % n + n) % n);
+        const size_t in_block = static_cast<size_t>(((r - s - 2) % n + 2 * n) % n);
+        in_buf->recv(prev, slot, 0, block);
+        acc_buf->send(next, slot, out_block * block, block);
+        aborted = !in_buf->waitRecv(Ms(left().count()));
+        if (aborted) return;
+        char* target = acc.data() + in_block * block;
+        fn(target, target, incoming.data(), count);
+        aborted = !acc_buf->waitSend(Ms(left().count()));
+        if (aborted) return;
+      }
+    });
+    if (!e.ok()) return e;
+    if (aborted) return {kAborted, "reduce_scatter: aborted"};
+    std::memcpy(recv, acc.data() + static_cast<size_t>(r) * block, block);
+    return {};
+  }
+
+  Error AllToAll(const void* send, void* recv, size_t block_bytes, uint32_t tag,
+                 int64_t timeout_ms) override {
+    return Guard("all_to_all", [&] {
+      const size_t bytes = block_bytes * static_cast<size_t>(ctx_->size);
+      ::gloo::AlltoallOptions opts(ctx_);
+      opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)), bytes);
+      opts.setOutput(static_cast<uint8_t*>(recv), bytes);
+      opts.setTag(tag);
+      opts.setTimeout(Ms(timeout_ms));
+      ::gloo::alltoall(opts);
+    });
+  }
+
+  Error AllToAllV(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                  const std::vector<int64_t>& recv_counts, size_t elem, uint32_t tag,
+                  int64_t timeout_ms) override {
+    return BySize(elem, [&](auto t) {
+      using T = decltype(t);
+      return Guard("all_to_all_v", [&] {
+        ::gloo::AlltoallvOptions opts(ctx_);
+        opts.setInput(const_cast<T*>(static_cast<const T*>(send)), send_counts);
+        opts.setOutput(static_cast<T*>(recv), recv_counts);
+        opts.setTag(tag);
+        opts.setTimeout(Ms(timeout_ms));
+        ::gloo::alltoallv(opts);
+      });
+    });
+  }
+
+  Error Barrier(uint32_t tag, int64_t timeout_ms) override {
+    return Guard("barrier", [&] {
+      ::gloo::BarrierOptions opts(ctx_);
+      opts.setTag(tag);
+      opts.setTimeout(Ms(timeout_ms));
+      ::gloo::barrier(opts);
+    });
+  }
+
+  Error Send(const void* data, size_t bytes, int peer, uint32_t slot,
+             std::unique_ptr<Pending>* out) override {
+    return Guard("send", [&] {
+      auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), bytes);
+      buf->send(peer, ::gloo::Slot::build(kUserSlotPrefix, slot), 0, bytes);
+      *out = std::make_unique<UnboundPending>(std::move(buf), true, peer);
+    });
+  }
+
+  Error Recv(void* data, size_t bytes, int peer, uint32_t slot,
+             std::unique_ptr<Pending>* out) override {
+    return Guard("recv", [&] {
+      auto buf = ctx_->createUnboundBuffer(data, bytes);
+      buf->recv(peer, ::gloo::Slot::build(kUserSlotPrefix, slot), 0, bytes);
+      *out = std::make_unique<UnboundPending>(std::move(buf), false, peer);
+    });
+  }
+
+  void CloseConnections() override {
+    static const SignalExceptionFn signal = FindSignalException();
+    // tcp::Context derives from transport::Context first: same address.
+    if (signal != nullptr &&
+        std::string(typeid(*transport_).name()) == "N4gloo9transport3tcp7ContextE") {
+      try {
+        signal(transport_.get(),
+               "strata closed this communicator's connections (abort, revoke or shutdown)");
+        return;
+      } catch (const std::exception&) {
+        // A pair that is already broken may throw; close what is left.
+      }
+    }
+    try {
+      ctx_->closeConnections();
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  std::shared_ptr<MeshContext> ctx_;
+  std::shared_ptr<::gloo::transport::Context> transport_;
+};
+
+// ---- connecting -------------------------------------------------------------
+
+// A rank's record: its socket address (with port 0) and, for each rank of
+// the group, the port of its socket for that rank (0 for itself).
+std::string EncodeRecord(const sockaddr_storage& ss, const std::vector<uint16_t>& ports) {
+  std::string out(reinterpret_cast<const char*>(&ss), sizeof(ss));
+  out.append(reinterpret_cast<const char*>(ports.data()), ports.size() * sizeof(uint16_t));
+  return out;
+}
+
+uint16_t PortOf(const sockaddr_storage& ss) {
+  if (ss.ss_family == AF_INET6) return reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_port;
+  return reinterpret_cast<const sockaddr_in*>(&ss)->sin_port;
+}
+
+void SetPort(sockaddr_storage* ss, uint16_t port) {
+  if (ss->ss_family == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(ss)->sin6_port = port;
+  } else {
+    reinterpret_cast<sockaddr_in*>(ss)->sin_port = port;
+  }
+}
+
+Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& options, Rendezvous& rv,
+              std::unique_ptr<Context>* out) {
+  auto* tcp = dynamic_cast<TcpDevice*>(device.get());
+  if (tcp == nullptr) return {kInvalidArgument, "connect: not a device of this plugin"};
+  const int n = options.size, me = options.rank;
+  auto ctx = std::make_shared<MeshContext>(me, n);
+  ctx->setTimeout(Ms(options.timeout_ms));
+  std::shared_ptr<::gloo::transport::Context> transport;
+  sockaddr_storage self{};
+  std::vector<uint16_t> ports(static_cast<size_t>(n), 0);
+  Error e = Guard("connect: creating sockets", [&] {
+    transport = tcp->get()->createContext(me, n);
+    transport->setTimeout(Ms(options.timeout_ms));
+    for (int i = 0; i < n; ++i) {
+      if (i == me) continue;
+      auto& pair = transport->createPair(i);
+      const auto& addr = dynamic_cast<const ::gloo::transport::tcp::Address&>(pair->address());
+      self = addr.getSockaddr();
+      ports[static_cast<size_t>(i)] = PortOf(self);
+    }
+  });
+  if (!e.ok()) return e;
+  if (n > 1) {
+    SetPort(&self, 0);
+    e = rv.Set("a/" + std::to_string(me), EncodeRecord(self, ports));
+    if (!e.ok()) return e;
+    if (me == 0) {
+      // Rank 0 turns the records (rows) into per-destination columns.
+      std::vector<std::string> columns(static_cast<size_t>(n));
+      const size_t record = sizeof(sockaddr_storage) + static_cast<size_t>(n) * sizeof(uint16_t);
+      for (int j = 0; j < n; ++j) {
+        std::string rec;
+        e = rv.Get("a/" + std::to_string(j), &rec);
+        if (!e.ok()) return e;
+        if (rec.size() != record) {
+          return {kInvalidArgument, "connect: rank " + std::to_string(j) +
+                                        " published a record of " + std::to_string(rec.size()) +
+                                        " bytes, expected " + std::to_string(record) +
+                                        " (do all ranks agree on the group size?)"};
+        }
+        for (int i = 0; i < n; ++i) {
+          if (i == j) continue;
+          sockaddr_storage ss;
+          std::memcpy(&ss, rec.data(), sizeof(ss));
+          uint16_t port;
+          std::memcpy(&port, rec.data() + sizeof(ss) + static_cast<size_t>(i) * sizeof(port),
+                      sizeof(port));
+          SetPort(&ss, port);
+          columns[static_cast<size_t>(i)].append(reinterpret_cast<const char*>(&ss), sizeof(ss));
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        e = rv.Set("c/" + std::to_string(i), columns[static_cast<size_t>(i)]);
+        if (!e.ok()) return e;
+      }
+    }
+    std::string column;
+    e = rv.Get("c/" + std::to_string(me), &column);
+    if (!e.ok()) return e;
+    if (column.size() != static_cast<size_t>(n - 1) * sizeof(sockaddr_storage)) {
+      return {kInternal, "connect: column of " + std::to_string(column.size()) + " bytes"};
+    }
+    e = Guard("connect: connecting to the peers", [&] {
+      size_t k = 0;
+      for (int j = 0; j < n; ++j) {
+        if (j == me) continue;
+        sockaddr_storage ss;
+        std::memcpy(&ss, column.data() + k++ * sizeof(ss), sizeof(ss));
+        ::gloo::transport::tcp::Address peer(ss);
+        transport->getPair(j)->connect(peer.bytes());
+      }
+    });
+    if (!e.ok()) return e;
+  }
+  ctx->Adopt(tcp->get(), transport);
+  *out = std::make_unique<GlooContext>(std::move(ctx), std::move(transport));
+  return {};
+}
+
+Error CreateDevice(const DeviceOptions& options, std::shared_ptr<Device>* out) {
+  return Guard("creating the Gloo TCP device", [&] {
+    ::gloo::transport::tcp::attr attr;
+    attr.iface = options.iface;
+    attr.hostname = options.hostname;
+    *out = std::make_shared<TcpDevice>(::gloo::transport::tcp::CreateDevice(attr));
+  });
+}
+
+const Api kApi = [] {
+  Api api;
+  api.gloo_version = kGlooVersion;
+  api.create_device = &CreateDevice;
+  api.connect = &Connect;
+  return api;
+}();
+
+}  // namespace
+}  // namespace strata::gloo_plugin
+
+extern "C" __attribute__((visibility("default"))) const strata::gloo_plugin::Api*
+strata_gloo_plugin_api(int version) {
+  return version == strata::gloo_plugin::kApiVersion ? &strata::gloo_plugin::kApi : nullptr;
+}

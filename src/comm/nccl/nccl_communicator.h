@@ -1,0 +1,169 @@
+// The NCCL backend: a Communicator over one ncclComm_t, for CUDA device
+// memory, one GPU per rank.
+//
+// Every communicator is nonblocking (ncclConfig_t::blocking = 0), so no NCCL
+// call blocks past a deadline: initialisation, split and shrink poll
+// ncclCommGetAsyncError until done or until CommOptions::timeout passes.
+// Operations are enqueued on the caller's stream (OpOptions::stream, else
+// the communicator's own stream) and complete through a CUDA event recorded
+// after them; Work::Wait / Test query that event. The process's watchdog
+// (nccl_watchdog.h) polls each communicator for asynchronous NCCL errors and
+// operations past their deadline.
+//
+// Split children and shrunk communicators belong to their root's family:
+// once any member has failed or been aborted, every member is released with
+// ncclCommAbort, never ncclCommDestroy (which can block on a dead peer).
+// A healthy communicator is finalized (within its timeout) and destroyed.
+//
+//   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
+//                           nccl::CreateNcclRoot(env, options, store));
+//
+// Thread-safety: as strata::Communicator. Operations from several threads
+// are enqueued one at a time; Abort() may be called from any thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "comm/nccl/nccl_config.h"
+#include "comm/nccl/nccl_library.h"
+#include "comm/nccl/nccl_watchdog.h"
+#include "comm/validate.h"
+#include "strata/comm/backend.h"
+
+namespace strata::nccl {
+
+// The number of CUDA devices visible to this process (0 without a driver or
+// a device).
+int VisibleDeviceCount();
+
+// Creates the root communicator (every rank of the job); see
+// strata/comm/backend.h for where the unique id comes from. Collective.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& env,
+                                                             const RootOptions& options,
+                                                             std::shared_ptr<Store> store);
+
+// What every communicator of one root's family shares.
+struct NcclFamily {
+  const NcclApi* api = nullptr;
+  int device = 0;
+  int world_rank = 0;
+  NcclOptions options;
+  // The topology profile's config fields, for the family's communicators.
+  NcclConfigFields profile;
+  std::shared_ptr<Watchdog> watchdog;
+  // Set when any member failed or was aborted: members are then released
+  // with ncclCommAbort.
+  std::atomic<bool> failed{false};
+};
+
+// Makes `device` current for the life of the guard, restoring the caller's.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+
+ private:
+  int previous_ = -1;
+};
+
+// A CUDA runtime error as a status naming the call.
+absl::Status CudaError(cudaError_t err, absl::string_view call);
+
+// Polls ncclCommGetAsyncError(comm) until it is no longer ncclInProgress or
+// `deadline` passes (DeadlineExceeded naming `what`), or `stop` turns true
+// (Aborted). NCCL's error otherwise.
+absl::Status WaitNcclReady(const NcclApi& api, ncclComm_t comm, absl::Time deadline,
+                           absl::string_view what, const std::atomic<bool>* stop = nullptr);
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Wraps an initialised communicator. `comm` is owned from here on.
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Wrap(std::shared_ptr<NcclFamily> family,
+                                                                ncclComm_t comm,
+                                                                const CommOptions& options);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return options_.name; }
+  int world_rank() const override { return family_->world_rank; }
+  absl::string_view backend() const override { return "nccl"; }
+  MemoryKind memory() const override { return MemoryKind::kCuda; }
+
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer send, Buffer recv, ReduceOp op, int root,
+                                               const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                      const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer send, Buffer recv,
+                                                 const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer send, Buffer recv,
+                                                  const AllToAllCounts& counts,
+                                                  const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
+                                             const OpOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
+                                             const OpOptions& options) override;
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
+                                                      const CommOptions& options) override;
+  absl::Status Abort() override;
+  absl::Status Revoke() override;
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
+                                                       const CommOptions& options) override;
+  absl::Status AsyncError() override;
+
+  // The NCCL in use, for reports: "NCCL 2.30.7 (/path/libnccl.so.2)".
+  std::string LibraryDescription() const;
+
+ private:
+  NcclCommunicator(std::shared_ptr<NcclFamily> family, ncclComm_t comm, int rank, int size,
+                   const CommOptions& options);
+
+  comm_internal::GroupInfo Group() const;
+  // Enqueues `enqueue` (the NCCL calls) on the stream, records the
+  // completion event and returns the Work. `what` names the operation
+  // ("allreduce(sum, 4 x fp32)").
+  absl::StatusOr<std::unique_ptr<Work>> Launch(
+      const std::string& what, const OpOptions& options,
+      const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue);
+  // The config of a new child communicator.
+  NcclConfig ChildConfig(const CommOptions& options) const;
+  // Waits for a child made by split/shrink; wraps or aborts it.
+  absl::StatusOr<std::unique_ptr<Communicator>> AdoptChild(ncclResult_t started, ncclComm_t child,
+                                                           const CommOptions& options,
+                                                           absl::string_view what);
+  void Release();
+
+  const std::shared_ptr<NcclFamily> family_;
+  const NcclApi& api_;
+  const int rank_;
+  const int size_;
+  const CommOptions options_;
+  std::shared_ptr<CommTracker> tracker_;
+  // Serialises enqueueing (every rank must issue in the same order) and
+  // guards comm_ against Abort.
+  mutable std::mutex mu_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* barrier_buffer_ = nullptr;  // one float of device memory
+  std::atomic<bool> aborting_{false};
+  // Revoked and quiescent: a shrink needs no NCCL_SHRINK_ABORT.
+  std::atomic<bool> revoked_{false};
+};
+
+}  // namespace strata::nccl
