@@ -1,12 +1,13 @@
 """The strata demo, launched on 8 CPU ranks by `make demo`.
 
-The main act is training: a small GPT, tensor-parallel over 4 ranks (with
-sequence parallelism) and data-parallel over 2, learns strata's own docs
-for 500 steps (about a minute and a half here), printing step, loss,
-tokens/s and time per step with a progress bar. Before it, briefly:
+The main act is training: a small GPT, pipelined over 2 ranks (1F1B),
+tensor-parallel over 2 (with sequence parallelism) and data-parallel over
+2, learns strata's own docs, printing the pipeline schedule's grid once,
+then step, loss, tokens/s and time per step with a progress bar, and at the
+end the measured pipeline bubble. Before it, briefly:
   0. the machine's topology, the NCCL profile for it and the NCCL settings lint;
   1. the launch environment each rank detects;
-  2. the dp2 x tp4 mesh: its groups, and each rank's coordinates;
+  2. the dp2 x tp2 x pp2 mesh: its groups, and each rank's coordinates;
   3. the World: one communicator per group; every rank allreduces its rank
      over each axis, and rank 0 prints what each group summed;
   4. the bus bandwidth of a 64 MiB allreduce over all ranks.
@@ -25,8 +26,8 @@ import strata
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_gpt  # noqa: E402
 
-AXES = ["tp", "dp", "world"]
-TRAIN_STEPS = int(os.environ.get("STRATA_DEMO_STEPS", "500"))
+AXES = ["tp", "pp", "dp", "world"]
+TRAIN_STEPS = int(os.environ.get("STRATA_DEMO_STEPS", "300"))
 BUSBW_BYTES = 64 << 20
 
 
@@ -99,8 +100,8 @@ def show_busbw(world):
 def main():
     env = strata.launch_env()
     show_topology(env)
-    tp = 4 if env.world_size % 4 == 0 else 1
-    mesh = strata.Mesh(env.world_size, tp=tp, ranks_per_node=env.local_world_size)
+    tp = pp = 2 if env.world_size % 4 == 0 else 1
+    mesh = strata.Mesh(env.world_size, tp=tp, pp=pp, ranks_per_node=env.local_world_size)
     show_mesh(env, mesh)
     torch.set_num_threads(1)  # ranks outnumber cores here
     with strata.init(mesh, timeout=300) as world:

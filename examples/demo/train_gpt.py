@@ -1,12 +1,17 @@
 """The training part of the strata demo: a small character-level GPT,
-tensor-parallel over tp and data-parallel over dp, trained on strata's own
-documentation (bundled text: README.md and docs/*.md).
+pipelined over pp (1F1B), tensor-parallel over tp and data-parallel over
+dp, trained on strata's own documentation (bundled text: README.md and
+docs/*.md).
 
 Every rank builds the same model from the same seed (strata.nn keeps only
-its shards) and reads the same text; the dp replicas take different
-batches, and their gradients are averaged with one all-reduce over the dp
-group per step. Rank 0 prints a progress bar with the step, the loss, the
-tokens per second and the time per step.
+its tp shards; gpt_stages keeps only its pipeline stage) and reads the same
+text; the dp replicas take different batches, each cut into microbatches
+that strata.pipeline.Schedule1F1B runs over the pp group, and their
+gradients are averaged with one all-reduce over the dp group per step.
+Rank 0 prints the schedule's grid once, then a progress bar with the step,
+the loss, the tokens per second and the time per step, and at the end the
+pipeline bubble measured from every rank's busy time next to the
+theoretical one.
 """
 
 import glob
@@ -17,6 +22,9 @@ import time
 import torch
 
 import strata.nn as snn
+from strata import pipeline
+
+from gpt_stages import GPTStage
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -42,31 +50,44 @@ def bar(fraction, width=24):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3):
-    tp, dp = world.group("tp"), world.group("dp")
+def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3,
+          microbatches=4):
+    tp, dp, pp = world.group("tp"), world.group("dp"), world.group("pp")
     text = corpus()
     torch.manual_seed(1234)
-    model = snn.ParallelGPT(256, hidden, heads, layers, seq, group=tp, sequence_parallel=True)
+    full = snn.ParallelGPT(256, hidden, heads, layers, seq, group=tp, sequence_parallel=True)
+    model = GPTStage(full, pp.rank, pp.size)
+    del full
+    stage = pipeline.PipelineStage(model, pp.rank, world, num_stages=pp.size)
+    schedule = pipeline.Schedule1F1B(stage, microbatches, model.loss)
     params = [p for p in model.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    n_params = sum(p.numel() for p in params)
+    n_params = torch.tensor([sum(p.numel() for p in params)])
+    pp.allreduce(n_params)
     tokens_per_step = seq * batch_size * dp.size
     if world.rank == 0:
         print(f"\nTraining a {layers}-layer GPT ({hidden} hidden, {heads} heads, "
-              f"{n_params:,} parameters on each rank) on {len(text):,} bytes of strata's docs", flush=True)
-        print(f"dp {dp.size} x tp {tp.size} on {world.size} ranks, sequence parallelism on, "
-              f"{tokens_per_step} tokens per step, {steps} steps (loss: mean since the previous "
-              "line; ms/step: mean since the start)\n", flush=True)
+              f"{int(n_params):,} parameters on each tp rank) on {len(text):,} bytes of "
+              "strata's docs", flush=True)
+        print(f"dp {dp.size} x tp {tp.size} x pp {pp.size} on {world.size} ranks, sequence "
+              f"parallelism on, {schedule.schedule.name} over {microbatches} microbatches, "
+              f"{tokens_per_step} tokens per step, {steps} steps (loss: mean since the "
+              "previous line; ms/step: mean since the start)\n", flush=True)
+        print(f"{schedule.schedule.name} on {pp.size} pipeline ranks (columns: unit time "
+              "steps; 0F1 = stage 0's forward of microbatch 1, 0B1 its backward):", flush=True)
+        print(schedule.schedule.grid(), flush=True)
     flat = torch.zeros(sum(p.numel() for p in params))
     first = None
     window = []  # losses since the last line printed
+    busy = elapsed = 0.0  # this rank's time in the stage's compute, and in steps
     start = last = time.perf_counter()
     for step in range(1, steps + 1):
         ids, targets = batch(text, step, dp.rank, seq, batch_size)
-        loss = model.loss(ids, targets)
         opt.zero_grad(set_to_none=False)
-        loss.backward()
+        losses = schedule.step(ids.t(), targets.t())  # batch-first: split by rows
+        busy += schedule.stats.busy_seconds
+        elapsed += schedule.stats.step_seconds
         # One all-reduce for every gradient (dp average), and one for the loss.
         offset = 0
         for p in params:
@@ -79,7 +100,9 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
             offset += p.numel()
         opt.step()
         sched.step()
-        shown = torch.tensor([loss.item()])
+        # The last stage holds the losses: sum over pp (the others add 0).
+        shown = torch.tensor([sum(l.item() for l in losses) / len(losses) if losses else 0.0])
+        pp.allreduce(shown)
         dp.allreduce(shown, op="avg")
         now = time.perf_counter()
         first = first if first is not None else shown.item()
@@ -93,20 +116,39 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         if step % 25 == 0 or step == 1:
             window = []
         last = now
-    continuation = sample(model, tp, seq)  # collective over tp
+    bubble = measured_bubble(world, busy, elapsed)
+    continuation = sample(model, tp, pp, seq)  # collective over tp and pp
     if world.rank == 0:
         total = last - start
+        theory = pipeline.bubble_fraction("1f1b", num_ranks=pp.size,
+                                          num_microbatches=microbatches)
         print(f"\nloss {first:.3f} -> {shown.item():.3f} in {steps} steps, {total:.0f} s "
               f"({tokens_per_step * steps / total:.0f} tokens/s)", flush=True)
+        print(f"pipeline bubble measured {bubble:.3f} (1 - busy / step time, mean over ranks); "
+              f"theory (p-1)/(m+p-1) = {theory:.3f} for p={pp.size}, m={microbatches}. "
+              f"{world.size} ranks share {os.cpu_count()} cores here, so ranks also wait for "
+              "a core.", flush=True)
         print(f"the model continues 'strata ' with: {continuation!r}", flush=True)
     sys.stdout.flush()
     return first, shown.item()
 
 
-def sample(model, tp, seq, length=120, temperature=0.8):
+def measured_bubble(world, busy, elapsed):
+    """1 - busy / makespan, mean over ranks (the makespan: the slowest rank's
+    total step time)."""
+    b = torch.tensor([busy], dtype=torch.float64)
+    e = torch.tensor([elapsed], dtype=torch.float64)
+    world.group().allreduce(b, op="avg")
+    world.group().allreduce(e, op="max")
+    return 1.0 - b.item() / e.item()
+
+
+def sample(model, tp, pp, seq, length=120, temperature=0.8):
     """A continuation of a prompt, sampled at ``temperature`` from a fixed
-    seed; collective over the tp group (every rank draws the same bytes,
-    since the all-gathered logits are the same everywhere)."""
+    seed; collective over tp and pp: the hidden state moves from stage to
+    stage and the drawn byte back to every stage by all-reduces over pp
+    (one sequence, so no pipelining). Every tp rank draws the same bytes,
+    since the all-gathered logits are the same everywhere."""
     prompt = b"strata "
     ids = list(prompt)
     gen = torch.Generator().manual_seed(0)
@@ -116,11 +158,25 @@ def sample(model, tp, seq, length=120, temperature=0.8):
             window = ids[-seq:]
             # Sequence parallelism needs a full window: pad on the right,
             # which causal attention keeps from affecting the last real byte.
-            x = torch.tensor(window + [0] * (seq - len(window))).view(-1, 1)
-            logits = model(x)[len(window) - 1, 0]  # this rank's vocabulary shard
-            full = torch.empty(logits.numel() * tp.size)
-            tp.allgather(full, logits.contiguous())
-            probs = torch.softmax(full / temperature, dim=0)
-            ids.append(int(torch.multinomial(probs, 1, generator=gen)))
+            x = torch.tensor(window + [0] * (seq - len(window))).view(1, -1)  # [batch, seq]
+            h = None
+            for s in range(pp.size):
+                if s == pp.rank:
+                    h = model(x if s == 0 else h).contiguous()
+                if s < pp.size - 1:  # pass the hidden state on to stage s + 1
+                    shape = torch.tensor(list(h.shape) if s == pp.rank else [0, 0, 0])
+                    pp.allreduce(shape)
+                    moved = h.clone() if s == pp.rank else torch.zeros(shape.tolist())
+                    pp.allreduce(moved)
+                    h = moved if pp.rank == s + 1 else h
+            drawn = torch.zeros(1, dtype=torch.int64)
+            if pp.rank == pp.size - 1:
+                logits = h[len(window) - 1, 0]  # this rank's vocabulary shard
+                full = torch.empty(logits.numel() * tp.size)
+                tp.allgather(full, logits.contiguous())
+                probs = torch.softmax(full / temperature, dim=0)
+                drawn[0] = int(torch.multinomial(probs, 1, generator=gen))
+            pp.allreduce(drawn)
+            ids.append(int(drawn))
     model.train()
     return bytes(ids[len(prompt):]).decode("utf-8", errors="replace")

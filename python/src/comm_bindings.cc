@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "comm_access.h"
 #include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
@@ -470,6 +471,28 @@ Registration reg(kOrderWorld, [](py::module_& m) {
 });
 
 }  // namespace
+
+GroupRef GroupRefOf(py::handle group) {
+  PyGroup* g = nullptr;
+  try {
+    g = py::cast<PyGroup*>(py::hasattr(group, "_raw") ? group.attr("_raw") : group);
+  } catch (const py::cast_error&) {
+    RaiseStatus(
+        absl::InvalidArgumentError(absl::StrCat("expected a strata group, got ",
+                                                py::str(py::type::of(group)).cast<std::string>())),
+        ErrorArea::kComm);
+  }
+  if (g == nullptr) {
+    RaiseStatus(absl::InvalidArgumentError("expected a strata group, got None"), ErrorArea::kComm);
+  }
+  GroupRef ref;
+  ref.comm = &g->comm();  // raises if the world was destroyed
+  std::shared_ptr<Owner> owner = g->owner();
+  ref.mu = &owner->mu();
+  ref.alive = [o = owner.get()] { return o->alive(); };
+  ref.owner = std::move(owner);
+  return ref;
+}
 
 Communicator& GroupCommunicator(py::handle group) {
   py::handle raw = group;

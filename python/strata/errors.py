@@ -16,6 +16,8 @@ class Error(Exception):
 class InvalidArgument(Error, ValueError):
     """A value given to strata is not valid."""
 
+    code = "INVALID_ARGUMENT"
+
 
 class LaunchError(Error, ValueError):
     """The launcher's environment is inconsistent or incomplete."""

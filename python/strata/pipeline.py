@@ -22,8 +22,9 @@ Simulating and validating calls take the costs as keywords: ``forward``,
 ``transfer`` (>= 0) and ``stage_scale`` (one multiplier per stage, e.g.
 ``StageLayout.stage_weights()`` for uneven layouts). See docs/pipeline.md.
 
-Executing a schedule (``PipelineStage``, ``Schedule1F1B``, ...) comes with
-the communicator backends.
+Training pipelined (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
+``ScheduleInterleaved1F1B``) is in :mod:`strata.pipeline_exec`, re-exported
+here; it imports torch on first use.
 """
 
 from ._strata import pipeline as _core
@@ -84,7 +85,22 @@ def bubble_fraction(kind, *, num_ranks, num_microbatches, virtual_stages=1):
     return (p - 1) / (v * m + p - 1)
 
 
+_EXEC = ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+         "StepStats")
+
+
+def __getattr__(name):
+    # The execution API needs torch; schedules alone do not.
+    if name in _EXEC:
+        if name == "StepStats":
+            return _core.StepStats
+        from . import pipeline_exec
+        return getattr(pipeline_exec, name)
+    raise AttributeError(f"module 'strata.pipeline' has no attribute {name!r}")
+
+
 __all__ = [
+    *_EXEC,
     "Schedule",
     "SimulationResult",
     "StageLayout",

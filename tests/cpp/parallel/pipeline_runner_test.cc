@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fake_communicator.h"
+#include "pipeline_test_model.h"
 #include "strata/parallel/pipeline/generate.h"
 #include "strata/parallel/pipeline/runner.h"
 #include "strata/parallel/pipeline/simulate.h"
@@ -21,137 +22,13 @@ namespace {
 
 using ::strata::testing::FakeGroup;
 using ::strata::testing::FakeOrdering;
+using testing::Data;
 using ::testing::HasSubstr;
-
-// Stage s maps (h, g) to (a_s h + b_s, g + h), elementwise; h is fp64[n]
-// and g fp64[1, n]. Stage 0 starts from h = x_i, g = 0; the loss is
-// 0.5 * sum(h^2 + g^2) / n after the last stage. Microbatch i has
-// n = 3 + i % 4 elements unless the shapes are fixed.
-struct Model {
-  explicit Model(int stages) : a(stages), b(stages), da(stages, 0.0), db(stages, 0.0) {
-    for (int s = 0; s < stages; ++s) {
-      a[s] = 0.9 + 0.05 * s;
-      b[s] = 0.1 * (s + 1);
-    }
-  }
-  std::vector<double> a, b, da, db;
-};
-
-int Length(int microbatch, bool variable) { return variable ? 3 + microbatch % 4 : 4; }
-
-double Input(int microbatch, int j) { return std::sin(7.0 * microbatch + j); }
-
-// One microbatch through every stage and back, as a plain loop.
-double Reference(Model& model, int microbatch, bool variable, double scale) {
-  const int n = Length(microbatch, variable), stages = static_cast<int>(model.a.size());
-  std::vector<std::vector<double>> h(stages + 1, std::vector<double>(n)), g = h;
-  for (int j = 0; j < n; ++j) h[0][j] = Input(microbatch, j);
-  for (int s = 0; s < stages; ++s) {
-    for (int j = 0; j < n; ++j) {
-      h[s + 1][j] = model.a[s] * h[s][j] + model.b[s];
-      g[s + 1][j] = g[s][j] + h[s][j];
-    }
-  }
-  double loss = 0;
-  std::vector<double> dh(n), dg(n);
-  for (int j = 0; j < n; ++j) {
-    loss += 0.5 * (h[stages][j] * h[stages][j] + g[stages][j] * g[stages][j]) / n;
-    dh[j] = scale * h[stages][j] / n;
-    dg[j] = scale * g[stages][j] / n;
-  }
-  for (int s = stages - 1; s >= 0; --s) {
-    for (int j = 0; j < n; ++j) {
-      model.da[s] += dh[j] * h[s][j];
-      model.db[s] += dh[j];
-      dh[j] = model.a[s] * dh[j] + dg[j];
-    }
-  }
-  return loss;
-}
-
-double* Data(const StageTensor& t) { return static_cast<double*>(t.data); }
-
-StageTensor Vector(int n, bool row) {
-  TensorSpec spec{DataType::kFloat64, row ? std::vector<int64_t>{1, n} : std::vector<int64_t>{n}};
-  return StageTensor::Host(spec);
-}
-
-// The model's stage functions. Stage 0 keeps its input in the context, since
-// it receives none.
-StageFunctions Functions(Model* model, bool variable, bool split) {
-  const int stages = static_cast<int>(model->a.size());
-  StageFunctions f;
-  f.forward = [=](const ForwardCall& call) -> absl::StatusOr<ForwardResult> {
-    const int s = call.stage;
-    TensorList in = *call.inputs;
-    if (s == 0) {
-      const int n = Length(call.microbatch, variable);
-      in = {Vector(n, false), Vector(n, true)};
-      for (int j = 0; j < n; ++j) Data(in[0])[j] = Input(call.microbatch, j);
-    }
-    const int n = static_cast<int>(in[0].spec.num_elements());
-    ForwardResult out;
-    out.outputs = {Vector(n, false), Vector(n, true)};
-    for (int j = 0; j < n; ++j) {
-      Data(out.outputs[0])[j] = model->a[s] * Data(in[0])[j] + model->b[s];
-      Data(out.outputs[1])[j] = Data(in[1])[j] + Data(in[0])[j];
-    }
-    if (s == stages - 1) {
-      double loss = 0;
-      for (int j = 0; j < n; ++j) {
-        loss += 0.5 *
-                (Data(out.outputs[0])[j] * Data(out.outputs[0])[j] +
-                 Data(out.outputs[1])[j] * Data(out.outputs[1])[j]) /
-                n;
-      }
-      out.loss = loss;
-    }
-    if (s == 0) out.context = std::make_shared<TensorList>(in);
-    return out;
-  };
-  // The output gradients (seeded from the loss on the last stage).
-  auto grads_of = [=](const BackwardCall& call) {
-    if (call.stage < stages - 1) return *call.output_grads;
-    const int n = static_cast<int>((*call.outputs)[0].spec.num_elements());
-    TensorList d = {Vector(n, false), Vector(n, true)};
-    for (int k = 0; k < 2; ++k) {
-      for (int j = 0; j < n; ++j) Data(d[k])[j] = call.loss_scale * Data((*call.outputs)[k])[j] / n;
-    }
-    return d;
-  };
-  auto inputs_of = [](const BackwardCall& call) {
-    return call.stage == 0 ? *std::static_pointer_cast<TensorList>(*call.context) : *call.inputs;
-  };
-  auto weight = [=](const BackwardCall& call) {
-    const TensorList d = grads_of(call), in = inputs_of(call);
-    for (int64_t j = 0; j < d[0].spec.num_elements(); ++j) {
-      model->da[call.stage] += Data(d[0])[j] * Data(in[0])[j];
-      model->db[call.stage] += Data(d[0])[j];
-    }
-    return absl::OkStatus();
-  };
-  auto input = [=](const BackwardCall& call) -> absl::StatusOr<TensorList> {
-    if (call.stage == 0) return TensorList{};
-    const TensorList d = grads_of(call);
-    const int n = static_cast<int>(d[0].spec.num_elements());
-    TensorList out = {Vector(n, false), Vector(n, true)};
-    for (int j = 0; j < n; ++j) {
-      Data(out[0])[j] = model->a[call.stage] * Data(d[0])[j] + Data(d[1])[j];
-      Data(out[1])[j] = Data(d[1])[j];
-    }
-    return out;
-  };
-  if (split) {
-    f.backward_input = input;
-    f.backward_weight = weight;
-  } else {
-    f.backward = [=](const BackwardCall& call) -> absl::StatusOr<TensorList> {
-      (void)weight(call);
-      return input(call);
-    };
-  }
-  return f;
-}
+using testing::Length;
+using testing::Reference;
+using testing::TestFunctions;
+using testing::TestModel;
+using testing::Vector;
 
 struct RankResult {
   absl::StatusOr<StepResult> step = absl::UnknownError("not run");
@@ -221,9 +98,9 @@ TEST_P(RunnerTest, MatchesThePlainLoop) {
     const int n = Length(microbatch, false);
     return std::vector<TensorSpec>{{DataType::kFloat64, {n}}, {DataType::kFloat64, {1, n}}};
   };
-  Model model(schedule->num_stages()), reference(schedule->num_stages());
+  TestModel model(schedule->num_stages()), reference(schedule->num_stages());
   const std::vector<RankResult> results =
-      RunAll(*schedule, c.ordering, options, Functions(&model, variable, false));
+      RunAll(*schedule, c.ordering, options, TestFunctions(&model, variable, false));
 
   const std::vector<int> peak = PeakInFlight(*schedule);
   const int last_rank = schedule->rank_of_stage(schedule->num_stages() - 1);
@@ -307,9 +184,9 @@ TEST(RunnerTest, SplitBackwardAndSummedGradients) {
 
   RunnerOptions options;
   options.grad_scaling = GradScaling::kSum;
-  Model model(3), reference(3);
+  TestModel model(3), reference(3);
   const std::vector<RankResult> results =
-      RunAll(*schedule, FakeOrdering::kInOrder, options, Functions(&model, true, true));
+      RunAll(*schedule, FakeOrdering::kInOrder, options, TestFunctions(&model, true, true));
   const std::vector<int> peak = PeakInFlight(*schedule);
   for (int r = 0; r < 3; ++r) {
     ASSERT_TRUE(results[r].step.ok()) << results[r].step.status();
@@ -326,9 +203,10 @@ TEST(RunnerTest, SplitBackwardAndSummedGradients) {
 
 TEST(RunnerTest, StepsRepeatAndGradientsAccumulate) {
   const Schedule schedule = OneForwardOneBackward(2, 3);
-  Model model(2), reference(2);
-  const std::vector<RankResult> results = RunAll(schedule, FakeOrdering::kInOrder, RunnerOptions{},
-                                                 Functions(&model, true, false), -1, /*steps=*/2);
+  TestModel model(2), reference(2);
+  const std::vector<RankResult> results =
+      RunAll(schedule, FakeOrdering::kInOrder, RunnerOptions{}, TestFunctions(&model, true, false),
+             -1, /*steps=*/2);
   for (const RankResult& r : results) ASSERT_TRUE(r.step.ok()) << r.step.status();
   for (int step = 0; step < 2; ++step) {
     for (int i = 0; i < 3; ++i) Reference(reference, i, true, 1.0 / 3);
@@ -338,8 +216,8 @@ TEST(RunnerTest, StepsRepeatAndGradientsAccumulate) {
 
 TEST(RunnerTest, AStageFailureEndsEveryRanksStep) {
   const Schedule schedule = OneForwardOneBackward(4, 6);
-  Model model(4);
-  StageFunctions fns = Functions(&model, true, false);
+  TestModel model(4);
+  StageFunctions fns = TestFunctions(&model, true, false);
   auto forward = fns.forward;
   fns.forward = [forward](const ForwardCall& call) -> absl::StatusOr<ForwardResult> {
     if (call.stage == 2 && call.microbatch == 3) return absl::InternalError("boom");
@@ -366,8 +244,8 @@ TEST(RunnerTest, AStageFailureEndsEveryRanksStep) {
 
 TEST(RunnerTest, WithoutRevocationPeersStopAtTheirDeadline) {
   const Schedule schedule = OneForwardOneBackward(2, 2);
-  Model model(2);
-  StageFunctions fns = Functions(&model, true, false);
+  TestModel model(2);
+  StageFunctions fns = TestFunctions(&model, true, false);
   auto backward = fns.backward;
   fns.backward = [backward](const BackwardCall& call) -> absl::StatusOr<TensorList> {
     if (call.stage == 1) return absl::ResourceExhaustedError("out of memory");
@@ -389,11 +267,11 @@ TEST(RunnerTest, WithoutRevocationPeersStopAtTheirDeadline) {
 
 TEST(RunnerTest, AMissingPeerIsADeadlineNotAHang) {
   const Schedule schedule = OneForwardOneBackward(2, 2);
-  Model model(2);
+  TestModel model(2);
   RunnerOptions options;
   options.timeout = absl::Milliseconds(300);
-  const std::vector<RankResult> results =
-      RunAll(schedule, FakeOrdering::kInOrder, options, Functions(&model, true, false), /*skip=*/1);
+  const std::vector<RankResult> results = RunAll(schedule, FakeOrdering::kInOrder, options,
+                                                 TestFunctions(&model, true, false), /*skip=*/1);
   EXPECT_EQ(results[0].step.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(results[0].step.status().message(), HasSubstr("pipeline rank 0"));
   EXPECT_THAT(results[0].step.status().message(), HasSubstr("(stage 0, microbatch 0)"));
@@ -401,8 +279,8 @@ TEST(RunnerTest, AMissingPeerIsADeadlineNotAHang) {
 
 TEST(RunnerTest, StageFunctionsAreChecked) {
   const Schedule schedule = OneForwardOneBackward(2, 2);
-  Model model(2);
-  StageFunctions fns = Functions(&model, true, false);
+  TestModel model(2);
+  StageFunctions fns = TestFunctions(&model, true, false);
   // A gradient of the wrong shape.
   StageFunctions bad_grad = fns;
   bad_grad.backward = [](const BackwardCall& call) -> absl::StatusOr<TensorList> {
@@ -445,14 +323,14 @@ TEST(RunnerTest, StageFunctionsAreChecked) {
 
 TEST(RunnerTest, DeclaredShapesAreCheckedBySender) {
   const Schedule schedule = OneForwardOneBackward(2, 2);
-  Model model(2);
+  TestModel model(2);
   RunnerOptions options;
   options.shapes = ShapeExchange::kDeclared;
   options.input_specs = [](int, int) -> absl::StatusOr<std::vector<TensorSpec>> {
     return std::vector<TensorSpec>{{DataType::kFloat32, {5}}};
   };
   const std::vector<RankResult> results =
-      RunAll(schedule, FakeOrdering::kInOrder, options, Functions(&model, true, false));
+      RunAll(schedule, FakeOrdering::kInOrder, options, TestFunctions(&model, true, false));
   EXPECT_THAT(results[0].step.status().message(),
               HasSubstr("stage 0's outputs for microbatch 0 are [fp64[3], fp64[1, 3]] but "
                         "input_specs(1, 0) declares [fp32[5]]"));
@@ -502,8 +380,8 @@ TEST(RunnerTest, CreateChecksItsArguments) {
 // Runs p=2, m=1 1F1B where stage 0 returns `outputs`, and returns rank 0's
 // error message.
 std::string StageZeroError(TensorList outputs, const RunnerOptions& options = {}) {
-  Model model(2);
-  StageFunctions fns = Functions(&model, false, false);
+  TestModel model(2);
+  StageFunctions fns = TestFunctions(&model, false, false);
   auto forward = fns.forward;
   fns.forward = [forward, outputs](const ForwardCall& call) -> absl::StatusOr<ForwardResult> {
     absl::StatusOr<ForwardResult> out = forward(call);
@@ -534,8 +412,8 @@ TEST(RunnerTest, StageOutputsAreChecked) {
 
 TEST(RunnerTest, AllocationAndDeclaredShapesAreChecked) {
   const Schedule schedule = OneForwardOneBackward(2, 1);
-  Model model(2);
-  const StageFunctions fns = Functions(&model, false, false);
+  TestModel model(2);
+  const StageFunctions fns = TestFunctions(&model, false, false);
   RunnerOptions failing;
   failing.allocate = [](const TensorSpec&) -> absl::StatusOr<StageTensor> {
     return absl::ResourceExhaustedError("device full");

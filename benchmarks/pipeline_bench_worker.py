@@ -1,0 +1,182 @@
+"""One rank of the pipeline benchmark (run by run_pipeline.py under mpirun).
+
+The same model (p stages of `layers` x Linear(hidden, hidden) + tanh, fp32,
+the same initial weights on every rank) is trained one step at a time by
+strata.pipeline.Schedule1F1B over strata's MPI communicator and by
+torch.distributed.pipelining.Schedule1F1B over gloo, on the same ranks,
+alternating round by round so that load on the machine hits both alike.
+A step's time is that of the slowest rank (barrier, step, max over ranks);
+each case reports the median over rounds. strata's runner also reports,
+per rank, the time spent in the stage's forward and backward (busy time):
+the measured bubble is 1 - busy / makespan (the slowest rank's step, as
+in the simulator), averaged over the ranks.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed import pipelining as tpp
+
+import strata
+from strata import pipeline
+
+
+class _Timed(torch.autograd.Function):
+    """x * w that takes `seconds` in forward and twice that in backward
+    without using a core (it sleeps)."""
+
+    @staticmethod
+    def forward(ctx, x, w, seconds):
+        ctx.save_for_backward(x, w)
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x * w
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        time.sleep(2 * ctx.seconds)
+        return g * w, (g * x).sum(0), None
+
+
+class FixedCostStage(torch.nn.Module):
+    """A stage of fixed costs (F = `seconds`, B = 2F): the pipeline's own
+    behaviour (schedule, transfers, overhead) without CPU contention, which
+    on a machine with fewer cores than ranks would dominate the bubble."""
+
+    def __init__(self, hidden, seconds):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(hidden))
+        self.seconds = seconds
+
+    def forward(self, x):
+        return _Timed.apply(x, self.w, self.seconds)
+
+
+def make_stage(index, hidden, layers, fixed_ms=None):
+    if fixed_ms is not None:
+        return FixedCostStage(hidden, fixed_ms / 1e3)
+    torch.manual_seed(1000 + index)
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
+    return torch.nn.Sequential(*mods)
+
+
+def loss_fn(out, target):
+    return torch.nn.functional.mse_loss(out, target)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--microbatch", type=int, default=32, help="rows per microbatch")
+    ap.add_argument("--ms", default="4,8,16")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--fixed-ms", type=float, default=None,
+                    help="stages of fixed costs (F ms forward, 2F backward) instead of the MLP")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    world = strata.init(strata.Mesh(int(os.environ["OMPI_COMM_WORLD_SIZE"]),
+                                    pp=int(os.environ["OMPI_COMM_WORLD_SIZE"])), timeout=300)
+    pp = world.group("pp")
+    rank, p = pp.rank, pp.size
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = os.environ["STRATA_BENCH_PORT"]
+    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
+
+    # Two copies of this rank's stage with the same weights.
+    ours = make_stage(rank, args.hidden, args.layers, args.fixed_ms)
+    theirs = make_stage(rank, args.hidden, args.layers, args.fixed_ms)
+    theirs.load_state_dict(ours.state_dict())
+    strata_stage = pipeline.PipelineStage(ours, rank, world)
+    torch_stage = tpp.PipelineStage(theirs, rank, p, torch.device("cpu"))
+
+    barrier_flag = torch.zeros(1)
+
+    def slowest(seconds):
+        t = torch.tensor([seconds], dtype=torch.float64)
+        world.group().allreduce(t, op="max")
+        return t.item()
+
+    results = []
+    for m in [int(x) for x in args.ms.split(",")]:
+        rows = m * args.microbatch
+        g = torch.Generator().manual_seed(m)
+        x = torch.randn(rows, args.hidden, generator=g)
+        y = torch.randn(rows, args.hidden, generator=g)
+        ours_sched = pipeline.Schedule1F1B(strata_stage, m, loss_fn, timeout=120)
+        torch_sched = tpp.Schedule1F1B(torch_stage, m, loss_fn=loss_fn)
+
+        def run_strata():
+            ours.zero_grad()
+            world.group().allreduce(barrier_flag)
+            t0 = time.perf_counter()
+            ours_sched.step(x if rank == 0 else None, y if rank == p - 1 else None)
+            return time.perf_counter() - t0, ours_sched.stats
+
+        def run_torch():
+            theirs.zero_grad()
+            world.group().allreduce(barrier_flag)
+            t0 = time.perf_counter()
+            if rank == 0:
+                torch_sched.step(x)
+            elif rank == p - 1:
+                torch_sched.step(target=y, losses=[])
+            else:
+                torch_sched.step()
+            return time.perf_counter() - t0
+
+        ours_t, torch_t, bubbles = [], [], []
+        for k in range(args.warmup + args.rounds):
+            # Alternate which goes first, so neither always follows the other.
+            order = (0, 1) if k % 2 == 0 else (1, 0)
+            for which in order:
+                if which == 0:
+                    seconds, stats = run_strata()
+                    s = slowest(seconds)
+                    # As the simulator: 1 - busy / makespan, the makespan
+                    # being the slowest rank's step (the barrier aligned
+                    # the starts), averaged over the ranks.
+                    busy = torch.tensor([stats.busy_seconds], dtype=torch.float64)
+                    world.group().allreduce(busy, op="avg")
+                    makespan = slowest(stats.step_seconds)
+                    if k >= args.warmup:
+                        ours_t.append(s)
+                        bubbles.append(1.0 - busy.item() / makespan)
+                else:
+                    s = slowest(run_torch())
+                    if k >= args.warmup:
+                        torch_t.append(s)
+        results.append({
+            "m": m,
+            "strata_ms": 1e3 * statistics.median(ours_t),
+            "torch_ms": 1e3 * statistics.median(torch_t),
+            "bubble": statistics.median(bubbles),
+            "theory": (p - 1) / (m + p - 1),
+            "peak_in_flight": ours_sched.stats.peak_in_flight,
+        })
+        if rank == 0:
+            print(results[-1], flush=True)
+
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"ranks": p, "hidden": args.hidden, "layers": args.layers,
+                       "fixed_ms": args.fixed_ms,
+                       "microbatch": args.microbatch, "rounds": args.rounds,
+                       "results": results}, f)
+    dist.destroy_process_group()
+    world.destroy()
+
+
+if __name__ == "__main__":
+    main()

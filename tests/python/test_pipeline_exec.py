@@ -1,0 +1,202 @@
+"""strata.pipeline's schedules in one process (a world of one rank, so the
+pipeline group has one rank and interleaving puts every stage on it):
+results against the unpipelined reference computed here, step statistics,
+and every misuse with the error it raises. The multi-rank behaviour is in
+mr_pipeline*.py."""
+
+import pytest
+import torch
+
+import strata
+from strata import pipeline
+from pipeline_models import copy_of, loss_fn, make_batch, make_stages, reference_step
+
+
+@pytest.fixture
+def world():
+    w = strata.init(timeout=60)
+    yield w
+    w.destroy()
+
+
+def grads_equal(a, b, tol=1e-12):
+    return all(torch.allclose(x.grad, y.grad, rtol=tol, atol=tol)
+               for s, t in zip(a, b) for x, y in zip(s.parameters(), t.parameters()))
+
+
+@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 3), ("1f1b", 1, 5), ("interleaved", 3, 4)])
+def test_one_rank_equals_unpipelined(world, kind, v, m):
+    reference = make_stages(v)
+    piped = copy_of(reference)
+    stages = [pipeline.PipelineStage(piped[s], s, world) for s in range(v)]
+    if kind == "gpipe":
+        schedule = pipeline.ScheduleGPipe(stages[0], m, loss_fn)
+    elif kind == "1f1b":
+        schedule = pipeline.Schedule1F1B(stages[0], m, loss_fn)
+    else:
+        schedule = pipeline.ScheduleInterleaved1F1B(stages, m, loss_fn)
+    inputs, targets = make_batch(11)
+    with torch.no_grad():  # the schedule turns autograd on for its stages
+        losses = schedule.step(inputs, targets)
+    want = reference_step(reference, inputs, targets, m)
+    assert len(losses) == m
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(losses, want))
+    assert grads_equal(piped, reference)
+    stats = schedule.stats
+    assert stats.peak_in_flight == schedule.schedule.peak_in_flight()[0]
+    assert schedule.peak_live_activations == stats.peak_in_flight
+    assert len(stats.timings) == 2 * m * v
+    assert [t[0] for t in stats.timings] == [a for a in schedule.schedule.actions(0)]
+    assert 0 <= stats.busy_seconds <= stats.step_seconds
+    assert stats.bubble_fraction == pytest.approx(1 - stats.busy_seconds / stats.step_seconds)
+    assert list(stats.losses) == [l.item() for l in losses]
+
+
+def test_scale_grads_false_sums_and_steps_accumulate(world):
+    reference = make_stages(1)
+    piped = copy_of(reference)
+    schedule = pipeline.Schedule1F1B(pipeline.PipelineStage(piped[0], 0, world), 4, loss_fn,
+                                     scale_grads=False)
+    inputs, targets = make_batch(9)
+    for _ in range(2):
+        schedule.step(inputs, targets)
+        reference_step(reference, inputs, targets, 4, scale_grads=False)
+    assert grads_equal(piped, reference)
+
+
+def test_stage_and_schedule_arguments_are_checked(world):
+    module = make_stages(1)[0]
+    with pytest.raises(strata.InvalidArgument, match="module must be a torch.nn.Module"):
+        pipeline.PipelineStage("not a module", 0, world)
+    with pytest.raises(strata.InvalidArgument, match="stage_index must be an int >= 0, got -1"):
+        pipeline.PipelineStage(module, -1, world)
+    with pytest.raises(strata.InvalidArgument, match="stage_index must be an int >= 0, got True"):
+        pipeline.PipelineStage(module, True, world)
+    with pytest.raises(strata.InvalidArgument, match="stage_index 2 is not a stage of 2"):
+        pipeline.PipelineStage(module, 2, world, num_stages=2)
+    with pytest.raises(strata.InvalidArgument, match="world must be a strata.World"):
+        pipeline.PipelineStage(module, 0, object())
+    with pytest.raises(strata.InvalidArgument, match="group 'nope' is not a combination"):
+        pipeline.PipelineStage(module, 0, world, group="nope")
+
+    stage = pipeline.PipelineStage(module, 0, world)
+    with pytest.raises(strata.InvalidArgument, match="n_microbatches must be an int >= 1, got 0"):
+        pipeline.Schedule1F1B(stage, 0, loss_fn)
+    with pytest.raises(strata.InvalidArgument, match="loss_fn must be callable"):
+        pipeline.Schedule1F1B(stage, 2, "mse")
+    with pytest.raises(strata.InvalidArgument, match="timeout must be > 0 seconds, got 0"):
+        pipeline.Schedule1F1B(stage, 2, loss_fn, timeout=0)
+    with pytest.raises(strata.InvalidArgument, match="needs PipelineStage objects"):
+        pipeline.ScheduleInterleaved1F1B([module], 2, loss_fn)
+    # In a world of one rank every group is the same communicator, named 'tp'.
+    name = world.group("pp").name
+    with pytest.raises(strata.PipelineError,
+                       match=f"rank 0 of pipeline group '{name}' holds stage 0; it was given "
+                       "stage 1"):
+        pipeline.Schedule1F1B(pipeline.PipelineStage(module, 1, world), 2, loss_fn)
+    with pytest.raises(strata.PipelineError,
+                       match="holds stages 0, 1; it was given stages 0, 2"):
+        pipeline.ScheduleInterleaved1F1B(
+            [stage, pipeline.PipelineStage(module, 2, world)], 2, loss_fn)
+    with pytest.raises(strata.PipelineError, match="stage 0 was built for 3 stages but "
+                       "1F1B p=1 m=2 has 1"):
+        pipeline.Schedule1F1B(pipeline.PipelineStage(module, 0, world, num_stages=3), 2, loss_fn)
+    # The generator's refusals come through as they are.
+    with pytest.raises(strata.PipelineError, match="microbatch_group_size N = 5 is larger than the number of "
+                       "microbatches m = 2"):
+        pipeline.ScheduleInterleaved1F1B([stage, pipeline.PipelineStage(module, 1, world)], 2,
+                                         loss_fn, microbatch_group_size=5)
+
+
+def test_step_arguments_are_checked(world):
+    schedule = pipeline.Schedule1F1B(pipeline.PipelineStage(make_stages(1)[0], 0, world), 4,
+                                     loss_fn)
+    inputs, targets = make_batch(6)
+    with pytest.raises(strata.InvalidArgument, match="rank 0 holds stage 0: step.. needs inputs"):
+        schedule.step(None, targets)
+    with pytest.raises(strata.InvalidArgument,
+                       match=r"inputs\[0\] has 3 rows along dim 0, fewer than the 4 microbatches"):
+        schedule.step((inputs[0][:3], inputs[1]), targets)
+    with pytest.raises(strata.InvalidArgument, match=r"inputs\[1\] must be a torch.Tensor"):
+        schedule.step((inputs[0], [1, 2, 3, 4]), targets)
+    with pytest.raises(strata.InvalidArgument,
+                       match="targets has 2 rows along dim 0, fewer than the 4 microbatches"):
+        schedule.step(inputs, targets[:2])
+    schedule.step(inputs, targets)  # nothing was broken by the refusals
+
+
+def failing_step(world, module, loss=loss_fn, num_stages=1):
+    stages = [pipeline.PipelineStage(module if s == 0 else make_stages(1)[0], s, world)
+              for s in range(num_stages)]
+    schedule = pipeline.ScheduleInterleaved1F1B(stages, 2, loss)
+    inputs, targets = make_batch(4)
+    with pytest.raises(strata.PipelineError) as e:
+        schedule.step(inputs, targets)
+    return e.value
+
+
+def test_an_exception_in_a_stage_is_the_errors_cause(world):
+    class Boom(torch.nn.Module):
+        def forward(self, *args):
+            raise ZeroDivisionError("boom")
+
+    e = failing_step(world, Boom())
+    assert isinstance(e.__cause__, ZeroDivisionError)
+    assert e.code == "UNKNOWN"
+    assert (f"pipeline rank 0 (world rank 0, group '{world.group('pp').name}') at action #0 0F0 "
+            "(stage 0, microbatch 0): forward failed: ZeroDivisionError: boom") in str(e)
+
+
+def test_what_a_stage_returns_is_checked():
+    class Text(torch.nn.Module):
+        def forward(self, *args):
+            return "text"
+
+    class Complex(torch.nn.Module):
+        def forward(self, x, ids):
+            return x.to(torch.complex64)
+
+    # A failed step leaves its pipeline group unusable: a world each.
+    with strata.init() as w:
+        e = failing_step(w, Text(), num_stages=2)
+    assert "stage 0 returned str as output 0; stages must return tensors" in str(e)
+    assert e.code == "INVALID_ARGUMENT"
+    with strata.init() as w:
+        e = failing_step(w, Complex(), num_stages=2)
+    assert "stage 0's output 0 has dtype torch.complex64, which strata cannot send" in str(e)
+    class Elsewhere(torch.nn.Module):  # a device the host backend cannot send from
+        def forward(self, x, ids):
+            return x.to("meta")
+
+    with strata.init() as w:
+        e = failing_step(w, Elsewhere(), num_stages=2)
+    assert "stage 0's output 0 is on meta; the mpi backend sends cpu tensors" in str(e)
+    with strata.init() as w:
+        e = failing_step(w, make_stages(1)[0], loss=lambda out, y: out - y)
+    assert "loss_fn must return a tensor of one element" in str(e)
+
+
+def test_keyboard_interrupt_goes_through(world):
+    class Interrupted(torch.nn.Module):
+        def forward(self, *args):
+            raise KeyboardInterrupt
+
+    schedule = pipeline.Schedule1F1B(pipeline.PipelineStage(Interrupted(), 0, world), 2, loss_fn)
+    inputs, targets = make_batch(4)
+    with pytest.raises(KeyboardInterrupt):
+        schedule.step(inputs, targets)
+
+
+def test_a_destroyed_world_is_refused():
+    w = strata.init()
+    schedule = pipeline.Schedule1F1B(pipeline.PipelineStage(make_stages(1)[0], 0, w), 2, loss_fn)
+    w.destroy()
+    inputs, targets = make_batch(4)
+    with pytest.raises(strata.PipelineError, match="world was destroyed"):
+        schedule.step(inputs, targets)
+
+
+def test_lazy_exports():
+    assert pipeline.StepStats is strata._strata.pipeline.StepStats
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        pipeline.Nope
