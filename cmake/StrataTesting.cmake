@@ -46,8 +46,11 @@ function(strata_add_multirank_test name)
                    --timeout ${A_TIMEOUT} ${_ft} -- ${A_COMMAND})
   # CTest's own limit is a backstop above the runner's.
   math(EXPR _backstop "${A_TIMEOUT} + 30")
+  # One multi-rank job at a time: two oversubscribed jobs on a small machine
+  # starve each other's ranks and turn deadline tests into flakes.
   set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;${A_LABELS}"
-                       ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
+                       ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}"
+                       RESOURCE_LOCK mpirun)
 endfunction()
 
 # strata_add_pytest(<name> FILES f.py... [NP n] [TIMEOUT s])

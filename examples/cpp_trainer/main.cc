@@ -2,21 +2,31 @@
 //
 // It detects its launch environment, builds the mesh given on the command
 // line (default dp x tp2 x pp2 over the world) and prints it, as a trainer
-// does before it builds its process groups.
+// does before it builds its process groups. Built against strata::torch
+// (LibTorch available), it then trains a small tensor-parallel MLP
+// (strata::nn::ParallelMLP) on the World's tp groups, averaging gradients
+// over dp, and prints the loss falling.
 //
-//   mpirun -np 8 cpp_trainer [--tp 2] [--pp 2] [--cp 1] [--ep 1]
+//   mpirun -np 8 cpp_trainer [--tp 2] [--pp 2] [--cp 1] [--ep 1] [--steps 40]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "strata/comm/launch_env.h"
 #include "strata/parallel/mesh.h"
 #include "strata/version.h"
 
+#if STRATA_TRAINER_WITH_TORCH
+#include "mlp_training.h"
+#endif
+
 int main(int argc, char** argv) {
   strata::MeshSpec spec;
   spec.tp = 2;
   spec.pp = 2;
+  int steps = 40;
   for (int i = 1; i + 1 < argc; i += 2) {
     const int value = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--tp"))
@@ -27,6 +37,8 @@ int main(int argc, char** argv) {
       spec.cp = value;
     else if (!std::strcmp(argv[i], "--ep"))
       spec.ep = value;
+    else if (!std::strcmp(argv[i], "--steps"))
+      steps = value;
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -50,5 +62,18 @@ int main(int argc, char** argv) {
   }
   std::map<std::string, int> coords = mesh->Coords(env->rank).value();
   std::printf("[rank %d] tp %d dp %d pp %d\n", env->rank, coords["tp"], coords["dp"], coords["pp"]);
+  std::fflush(stdout);
+#if STRATA_TRAINER_WITH_TORCH
+  if (steps > 0) {
+    absl::Status trained = TrainParallelMLP(*env, *mesh, steps);
+    if (!trained.ok()) {
+      std::fprintf(stderr, "[rank %d] training: %s\n", env->rank,
+                   std::string(trained.message()).c_str());
+      return 1;
+    }
+  }
+#else
+  if (env->rank == 0) std::printf("built without LibTorch: no training (steps %d)\n", steps);
+#endif
   return 0;
 }

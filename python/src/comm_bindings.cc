@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
 #include "strata/comm/backend.h"
@@ -428,4 +429,17 @@ Registration reg(kOrderWorld, [](py::module_& m) {
 });
 
 }  // namespace
+
+Communicator& GroupCommunicator(py::handle group) {
+  py::handle raw = group;
+  if (py::hasattr(group, "_raw")) raw = group.attr("_raw");
+  if (!py::isinstance<PyGroup>(raw)) {
+    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "expected a strata.Group (world.group(...)), got ",
+                    py::str(py::type::of(group).attr("__name__")).cast<std::string>())),
+                ErrorArea::kGeneric);
+  }
+  return raw.cast<PyGroup&>().comm();
+}
+
 }  // namespace strata::bindings

@@ -3,8 +3,11 @@
 // and renders it as JSON, text, export lines or nccl.conf.
 #include <pybind11/stl.h>
 
+#include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
+#include "strata/comm/nccl_lint.h"
+#include "strata/comm/nccl_settings.h"
 #include "strata/comm/topology_report.h"
 
 namespace py = pybind11;
@@ -72,6 +75,41 @@ Registration reg(kOrderComm, [](py::module_& m) {
       },
       py::arg("options"), py::arg("format") = "json",
       "Builds the strata-topo report (see strata.topology) and renders it.");
+
+  m.def(
+      "_check_nccl_consistency",
+      [](py::handle group, std::optional<std::map<std::string, std::string>> env,
+         std::vector<std::string> ignore, double timeout) {
+        Communicator& comm = GroupCommunicator(group);
+        CollectOptions collect;
+        collect.environment = std::move(env);
+        EffectiveSettings settings = Unwrap(CollectNcclSettings(collect), ErrorArea::kTopology);
+        ConsistencyOptions options;
+        options.ignore = std::move(ignore);
+        options.timeout = absl::Seconds(timeout);
+        absl::StatusOr<ConsistencyReport> report;
+        {
+          py::gil_scoped_release release;  // collective over the group
+          report = CheckNcclConsistency(comm, settings, options);
+        }
+        ConsistencyReport r = Unwrap(std::move(report), ErrorArea::kComm);
+        py::dict out;
+        out["consistent"] = r.consistent;
+        out["groups"] = r.groups;
+        py::list diffs;
+        for (const ConsistencyDifference& d : r.differences) {
+          py::dict e;
+          e["name"] = d.name;
+          e["values"] = d.values;
+          diffs.append(e);
+        }
+        out["differences"] = diffs;
+        out["text"] = r.ToString();
+        return out;
+      },
+      py::arg("group"), py::arg("env") = py::none(), py::arg("ignore") = std::vector<std::string>{},
+      py::arg("timeout") = 60.0,
+      "Collective over `group`: compares every rank's effective NCCL settings.");
 });
 
 }  // namespace

@@ -46,3 +46,13 @@ __all__ = [
     "PipelineError",
     "TopologyError",
 ]
+
+
+def __getattr__(name):
+    # strata.nn imports torch, so it is loaded on first use rather than by
+    # `import strata`.
+    if name == "nn":
+        import importlib
+
+        return importlib.import_module(".nn", __name__)
+    raise AttributeError(f"module 'strata' has no attribute {name!r}")

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional
 
 from . import _strata
 
-__all__ = ["Finding", "ProfileEntry", "TopologyReport", "detect", "lint"]
+__all__ = ["Finding", "ProfileEntry", "TopologyReport", "check_consistency", "detect", "lint"]
 
 
 @dataclass(frozen=True)
@@ -155,3 +155,18 @@ def lint(env: Optional[Dict[str, str]] = None, *, files: Iterable[str] = (),
                  read_conf_files, home_dir, system_conf)
     data = json.loads(_strata._topology_report(o, "json"))
     return [_finding(f) for f in data["lint"]]
+
+
+def check_consistency(group, env: Optional[Dict[str, str]] = None, *,
+                      ignore: Iterable[str] = (), timeout: float = 60.0) -> Dict:
+    """Collective over ``group`` (e.g. ``world.group()``): every rank hashes
+    its effective NCCL settings (``env``, default ``os.environ``, plus NCCL's
+    configuration files); ranks that differ are reported with the variables
+    that differ. O(N) traffic: two small all-reduces when all agree.
+
+    Returns ``{"consistent": bool, "groups": [[ranks], ...] (reference
+    first), "differences": [{"name", "values"}], "text": str}``, the same
+    on every rank. Variables in ``ignore`` may differ (e.g. per-rank device
+    lists).
+    """
+    return _strata._check_nccl_consistency(group, env, list(ignore), float(timeout))

@@ -148,7 +148,8 @@ struct STRATA_EXPORT ConsistencyDifference {
 
 struct STRATA_EXPORT ConsistencyReport {
   bool consistent = true;
-  // Ranks of each distinct configuration, reference first.
+  // Ranks of each distinct configuration, reference first (one group of
+  // every rank when consistent).
   std::vector<std::vector<int>> groups;
   std::vector<ConsistencyDifference> differences;
   // "ranks 0-5,7 and ranks 6 differ: NCCL_IB_HCA='=mlx5_0' vs unset".

@@ -161,6 +161,11 @@ absl::StatusOr<ConsistencyReport> CheckNcclConsistency(Communicator& comm,
   ConsistencyReport report;
   absl::Status st = CheckImpl(comm, settings, options, &report);
   if (!st.ok()) return internal::Annotate(st, kContext);
+  if (report.consistent) {
+    // One configuration, held by every rank.
+    report.groups.assign(1, std::vector<int>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) report.groups[0][r] = r;
+  }
   return report;
 }
 

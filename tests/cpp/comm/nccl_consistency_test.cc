@@ -210,7 +210,8 @@ TEST(NcclConsistency, AgreeingRanksCostOneSmallAllReduce) {
   for (auto& r : reports) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->consistent);
-    EXPECT_TRUE(r->groups.empty());
+    ASSERT_EQ(r->groups.size(), 1u);
+    EXPECT_EQ(r->groups[0], std::vector<int>({0, 1, 2, 3, 4, 5, 6, 7}));
   }
   EXPECT_EQ(hub.collectives(), 1);
   EXPECT_EQ(hub.bytes_sent(), 8u * 16u);  // two int64 per rank

@@ -11,34 +11,130 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "parallel/tensor_parallel/internal/convert.h"
 
 namespace strata::testing {
 
 namespace {
 
+enum class Kind { kP2P, kAllReduce, kAllGather, kReduceScatter, kBroadcast, kBarrier };
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kP2P:
+      return "p2p";
+    case Kind::kAllReduce:
+      return "allreduce";
+    case Kind::kAllGather:
+      return "allgather";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kBarrier:
+      return "barrier";
+  }
+  return "?";
+}
+
 struct Op {
   int rank = 0;
-  int peer = 0;
+  int peer = 0;  // p2p: the peer; broadcast: the root
   bool send = false;
+  Kind kind = Kind::kP2P;
+  ReduceOp reduce = ReduceOp::kSum;
   const void* src = nullptr;
   void* dst = nullptr;
-  size_t count = 0;
+  size_t count = 0;  // p2p: elements; collectives: elements of the send buffer
   DataType dtype = DataType::kFloat32;
   bool done = false;
   absl::Status status;
 
   std::string Describe(const std::string& group) const {
+    if (kind != Kind::kP2P) {
+      return absl::StrCat(KindName(kind), "(", ReduceOpName(reduce), ", ", count, " x ",
+                          DataTypeName(dtype), ") on fake group ", group, " (rank ", rank, ")");
+    }
     return absl::StrCat(send ? "send(" : "recv(", count, " x ", DataTypeName(dtype),
                         send ? ") to rank " : ") from rank ", peer, " on fake group ", group,
                         " (rank ", rank, ")");
   }
 };
 
+// Element i of a buffer as a double, and back: the fake reduces in double
+// and rounds once, whatever the dtype.
+double Load(const void* p, DataType t, size_t i) {
+  switch (t) {
+    case DataType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DataType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return tp_internal::HalfBitsToFloat(static_cast<const uint16_t*>(p)[i], t);
+    case DataType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DataType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    default:
+      return 0;
+  }
+}
+
+void Store(void* p, DataType t, size_t i, double v) {
+  switch (t) {
+    case DataType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DataType::kFloat64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = tp_internal::FloatToHalfBits(static_cast<float>(v), t);
+      return;
+    case DataType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DataType::kInt64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
+    default:
+      return;
+  }
+}
+
+bool Reducible(DataType t) {
+  return t == DataType::kFloat32 || t == DataType::kFloat64 || t == DataType::kFloat16 ||
+         t == DataType::kBFloat16 || t == DataType::kInt32 || t == DataType::kInt64;
+}
+
+double Combine(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return a + b;
+    case ReduceOp::kProd:
+      return a * b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+  }
+  return a;
+}
+
 }  // namespace
 
 struct FakeGroup::State {
   State(int n, FakeOrdering o, std::string g, MemoryKind m)
-      : size(n), ordering(o), name(std::move(g)), memory(m), issued(n), aborted(n, false) {}
+      : size(n),
+        ordering(o),
+        name(std::move(g)),
+        memory(m),
+        issued(n),
+        aborted(n, false),
+        collectives_issued(n, 0) {}
 
   const int size;
   const FakeOrdering ordering;
@@ -55,6 +151,10 @@ struct FakeGroup::State {
   int revoked_by = -1;
   std::vector<bool> aborted;
   int64_t matched = 0;
+  // Collectives by sequence number; part r is rank r's operation (null
+  // until that rank starts it).
+  std::vector<int64_t> collectives_issued;
+  std::map<int64_t, std::vector<std::shared_ptr<Op>>> collectives;
 
   void Finish(const std::shared_ptr<Op>& op, absl::Status status) {
     op->done = true;
@@ -91,6 +191,76 @@ struct FakeGroup::State {
           changed = true;
         }
       }
+      for (auto it = collectives.begin(); it != collectives.end();) {
+        if (Ready(it->second)) {
+          Execute(it->first, it->second);
+          it = collectives.erase(it);
+          changed = true;
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  bool Ready(const std::vector<std::shared_ptr<Op>>& parts) const {
+    for (const auto& p : parts) {
+      if (p == nullptr) return false;
+      if (ordering == FakeOrdering::kInOrder && !p->done && issued[p->rank].front() != p) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Runs a collective every rank has started, in double, and completes it.
+  void Execute(int64_t seq, const std::vector<std::shared_ptr<Op>>& parts) {
+    const Op& first = *parts[0];
+    absl::Status st;
+    for (const auto& p : parts) {
+      if (p->kind != first.kind || p->dtype != first.dtype || p->count != first.count ||
+          p->reduce != first.reduce || p->peer != first.peer) {
+        st = absl::InvalidArgumentError(absl::StrCat("mismatched collective #", seq, ": ",
+                                                     first.Describe(name), " met ",
+                                                     p->Describe(name)));
+      }
+    }
+    if (st.ok()) {
+      const size_t n = first.count;
+      const DataType t = first.dtype;
+      std::vector<double> result;
+      switch (first.kind) {
+        case Kind::kAllReduce:
+        case Kind::kReduceScatter:
+          result.assign(n, 0.0);
+          for (size_t i = 0; i < n; ++i) {
+            double v = Load(parts[0]->src, t, i);
+            for (int r = 1; r < size; ++r) v = Combine(first.reduce, v, Load(parts[r]->src, t, i));
+            result[i] = first.reduce == ReduceOp::kAvg ? v / size : v;
+          }
+          break;
+        case Kind::kAllGather:
+          for (int r = 0; r < size; ++r) {
+            for (size_t i = 0; i < n; ++i) result.push_back(Load(parts[r]->src, t, i));
+          }
+          break;
+        case Kind::kBroadcast:
+          for (size_t i = 0; i < n; ++i) result.push_back(Load(parts[first.peer]->src, t, i));
+          break;
+        default:
+          break;
+      }
+      // Written after every input was read, so in-place operations work.
+      for (int r = 0; r < size; ++r) {
+        Op& p = *parts[r];
+        if (p.done || first.kind == Kind::kBarrier) continue;
+        const size_t block = first.kind == Kind::kReduceScatter ? n / size : 0;
+        const size_t out = first.kind == Kind::kReduceScatter ? block : result.size();
+        for (size_t i = 0; i < out; ++i) Store(p.dst, t, i, result[r * block + i]);
+      }
+    }
+    for (const auto& p : parts) {
+      if (!p->done) Finish(p, st);
     }
   }
 
@@ -105,6 +275,11 @@ struct FakeGroup::State {
           Finish(*it, status);
           it = q.erase(it);
         }
+      }
+    }
+    for (auto& [seq, parts] : collectives) {
+      for (auto& p : parts) {
+        if (p != nullptr && !p->done && (only_rank < 0 || p->rank == only_rank)) Finish(p, status);
       }
     }
     Progress();
@@ -157,23 +332,38 @@ class FakeComm : public Communicator {
   absl::string_view backend() const override { return "fake"; }
   MemoryKind memory() const override { return state_->memory; }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer, Buffer, ReduceOp,
+  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
                                                   const OpOptions&) override {
-    return Unsupported("AllReduce");
+    if (send.count != recv.count || send.dtype != recv.dtype) {
+      return Mismatch("allreduce", send, recv);
+    }
+    return Collective(Kind::kAllReduce, op, send, recv.data, 0);
   }
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer, int, const OpOptions&) override {
-    return Unsupported("Broadcast");
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
+                                                  const OpOptions&) override {
+    if (root < 0 || root >= state_->size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is not a rank of fake group ", state_->name));
+    }
+    return Collective(Kind::kBroadcast, ReduceOp::kSum, buffer, buffer.data, root);
   }
   absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer, Buffer, ReduceOp, int,
                                                const OpOptions&) override {
     return Unsupported("Reduce");
   }
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer, Buffer, const OpOptions&) override {
-    return Unsupported("AllGather");
+  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
+                                                  const OpOptions&) override {
+    if (recv.count != send.count * state_->size || send.dtype != recv.dtype) {
+      return Mismatch("allgather", send, recv);
+    }
+    return Collective(Kind::kAllGather, ReduceOp::kSum, send, recv.data, 0);
   }
-  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer, Buffer, ReduceOp,
+  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
                                                       const OpOptions&) override {
-    return Unsupported("ReduceScatter");
+    if (send.count != recv.count * state_->size || send.dtype != recv.dtype) {
+      return Mismatch("reduce_scatter", send, recv);
+    }
+    return Collective(Kind::kReduceScatter, op, send, recv.data, 0);
   }
   absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer, Buffer, const OpOptions&) override {
     return Unsupported("AllToAll");
@@ -183,7 +373,8 @@ class FakeComm : public Communicator {
     return Unsupported("AllToAllV");
   }
   absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions&) override {
-    return Unsupported("Barrier");
+    return Collective(Kind::kBarrier, ReduceOp::kSum, ConstBuffer(nullptr, 0, DataType::kUInt8),
+                      nullptr, 0);
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
@@ -227,6 +418,50 @@ class FakeComm : public Communicator {
  private:
   absl::Status Unsupported(const char* op) const {
     return absl::UnimplementedError(absl::StrCat("FakeGroup does not implement ", op));
+  }
+
+  absl::Status Mismatch(const char* op, const ConstBuffer& send, const Buffer& recv) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": send buffer of ", send.count, " x ", DataTypeName(send.dtype),
+                     " and receive buffer of ", recv.count, " x ", DataTypeName(recv.dtype),
+                     " do not fit a group of ", state_->size));
+  }
+
+  absl::StatusOr<std::unique_ptr<Work>> Collective(Kind kind, ReduceOp reduce, ConstBuffer send,
+                                                   void* dst, int root) {
+    if (send.count > 0 && (send.data == nullptr || dst == nullptr)) {
+      return absl::InvalidArgumentError("null buffer with a nonzero count");
+    }
+    if (kind != Kind::kBarrier && kind != Kind::kBroadcast && kind != Kind::kAllGather &&
+        !Reducible(send.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fake group cannot reduce ", DataTypeName(send.dtype)));
+    }
+    auto op = std::make_shared<Op>();
+    op->rank = rank_;
+    op->peer = root;
+    op->kind = kind;
+    op->reduce = reduce;
+    op->src = send.data;
+    op->dst = dst;
+    op->count = send.count;
+    op->dtype = send.dtype;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->aborted[rank_]) {
+      return absl::FailedPreconditionError("fake group was aborted on this rank");
+    }
+    if (state_->revoked) {
+      op->done = true;
+      op->status = absl::AbortedError(
+          absl::StrCat("fake group ", state_->name, " was revoked by rank ", state_->revoked_by));
+    } else {
+      auto& parts = state_->collectives[state_->collectives_issued[rank_]++];
+      if (parts.empty()) parts.resize(state_->size);
+      parts[rank_] = op;
+      state_->issued[rank_].push_back(op);
+      state_->Progress();
+    }
+    return std::unique_ptr<Work>(new FakeWork(state_, op));
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Post(bool send, const void* src, void* dst, size_t count,

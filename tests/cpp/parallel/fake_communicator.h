@@ -1,7 +1,9 @@
 // FakeGroup: the ranks of one process group as threads of one process, a
 // test double for unit tests of code written against strata::Communicator
-// (the pipeline runner). Only point-to-point operations, Revoke and Abort
-// are implemented; collectives, Split and Shrink return Unimplemented.
+// (the pipeline runner, the tensor-parallel kernels). Point-to-point
+// operations, AllReduce, AllGather, ReduceScatter, Broadcast, Barrier,
+// Revoke and Abort are implemented; Reduce, all-to-all, Split and Shrink
+// return Unimplemented.
 //
 //   FakeGroup group(4, FakeOrdering::kInOrder);
 //   std::unique_ptr<strata::Communicator> c0 = group.Comm(0);  // one per thread
@@ -15,6 +17,14 @@
 // operations in a wrong order hangs until its deadline instead of passing by
 // luck. Data is copied from the sender's buffer when the pair matches, so
 // the sender must keep it alive until its send completes.
+//
+// Collectives match by issue order (the k-th collective of every rank is
+// one operation; kind, dtype, count, op and root must agree, else every
+// rank gets InvalidArgument). The rank that starts it last computes it for
+// all: reductions run in double in rank order and round once to the dtype
+// (fp32, fp64, fp16, bf16, int32, int64), so results are deterministic.
+// Under kInOrder a collective also waits until it is the oldest pending
+// operation of every rank.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once

@@ -1,0 +1,139 @@
+// strata::torch: the tensor-parallel layers as torch::nn modules for C++
+// trainers that use LibTorch. Link the CMake target strata::torch (built
+// when LibTorch is found; it compiles as C++20, as LibTorch requires):
+//
+//   find_package(strata REQUIRED COMPONENTS torch)
+//   target_link_libraries(trainer PRIVATE strata::torch)
+//
+// The modules hold their parameters as torch tensors and run the strata
+// kernels (strata/parallel/tensor_parallel/) on them through autograd
+// functions, zero-copy; the communication goes through the strata
+// Communicator given at construction (e.g. World::Group("tp")), which must
+// outlive the module.
+//
+//   strata::Communicator& tp = *world->Group("tp").value();
+//   strata::nn::ParallelMLP mlp(strata::nn::ParallelMLPOptions{512, 2048}, tp);
+//   torch::optim::SGD opt(mlp->parameters(), 0.1);
+//   torch::Tensor y = mlp->forward(x);       // x: [tokens, 512], replicated over tp
+//   y.pow(2).mean().backward();
+//   opt.step();
+//
+// Initialisation: with the same InitOptions::seed, every rank draws the
+// whole (unsharded) weight as torch.nn.Linear / torch.nn.Embedding would
+// from a CPU generator seeded with it, and keeps its shard; so a model
+// built with tp = N starts exactly as the same model built with tp = 1.
+//
+// Errors: as torch's own modules do, these throw c10::Error (the message of
+// the strata Status: invalid options, wrong shapes, a failed collective).
+//
+// Lifetime: the autograd graph refers to the module's kernel, so a module
+// must outlive the backward pass of the outputs it produced.
+//
+// Thread-safety: a module is not thread-safe (as torch::nn modules).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+
+#include "strata/comm/communicator.h"
+#include "strata/parallel/tensor_parallel/embedding.h"
+#include "strata/parallel/tensor_parallel/linear.h"
+
+namespace strata::nn {
+
+// How parameters are created.
+struct InitOptions {
+  // Seed of the CPU generator the unsharded weights are drawn from.
+  uint64_t seed = 0;
+};
+
+// ColumnParallelLinear (see linear.h): weight [out/tp, in], bias [out/tp].
+// forward() takes [..., in] ([..., in] with the leading dimension split by
+// tp under sequence parallelism) and returns [..., out/tp], or [..., out]
+// with gather_output. Under skip_bias_add the bias is not added; the caller
+// adds `bias` itself (autograd then computes its gradient).
+class STRATA_EXPORT ColumnParallelLinearImpl : public ::torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(const LinearOptions& options, Communicator& group,
+                           const InitOptions& init = {});
+  ::torch::Tensor forward(const ::torch::Tensor& input);
+
+  ::torch::Tensor weight;
+  ::torch::Tensor bias;  // undefined without a bias
+
+ private:
+  std::shared_ptr<ColumnParallelLinear> kernel_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+// RowParallelLinear (see linear.h): weight [out, in/tp], bias [out].
+class STRATA_EXPORT RowParallelLinearImpl : public ::torch::nn::Module {
+ public:
+  RowParallelLinearImpl(const LinearOptions& options, Communicator& group,
+                        const InitOptions& init = {});
+  ::torch::Tensor forward(const ::torch::Tensor& input);
+
+  ::torch::Tensor weight;
+  ::torch::Tensor bias;
+
+ private:
+  std::shared_ptr<RowParallelLinear> kernel_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+struct ParallelMLPOptions {
+  int64_t hidden = 0;
+  int64_t ffn_hidden = 0;  // divisible by the group size
+  DataType dtype = DataType::kFloat32;
+  bool sequence_parallel = false;
+};
+
+// fc2(gelu(fc1(x))): a column-parallel fc1 (hidden -> ffn_hidden) feeding a
+// row-parallel fc2 (ffn_hidden -> hidden, input_is_parallel), so the only
+// communication is fc2's all-reduce forward and fc1's all-reduce backward
+// (all-gather / reduce-scatter under sequence parallelism).
+class STRATA_EXPORT ParallelMLPImpl : public ::torch::nn::Module {
+ public:
+  ParallelMLPImpl(const ParallelMLPOptions& options, Communicator& group,
+                  const InitOptions& init = {});
+  ::torch::Tensor forward(const ::torch::Tensor& input);
+
+  ColumnParallelLinear fc1{nullptr};
+  RowParallelLinear fc2{nullptr};
+};
+TORCH_MODULE(ParallelMLP);
+
+// VocabParallelEmbedding (see embedding.h): weight [num_embeddings / tp,
+// dim], this rank's vocabulary rows. forward() takes int64 ids [...] and
+// returns [..., dim] (leading dimension divided by tp under sequence
+// parallelism). Host tensors only.
+class STRATA_EXPORT VocabParallelEmbeddingImpl : public ::torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(const EmbeddingOptions& options, Communicator& group,
+                             const InitOptions& init = {});
+  ::torch::Tensor forward(const ::torch::Tensor& ids);
+
+  ::torch::Tensor weight;
+
+ private:
+  std::shared_ptr<VocabParallelEmbedding> kernel_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// Vocab-parallel cross-entropy as a module without parameters: forward
+// takes logits [..., vocab / tp] and int64 targets [...] and returns the
+// per-token loss [...] in fp32 (reduction "none", as the kernel).
+class STRATA_EXPORT VocabParallelCrossEntropyLossImpl : public ::torch::nn::Module {
+ public:
+  VocabParallelCrossEntropyLossImpl(const CrossEntropyOptions& options, Communicator& group);
+  ::torch::Tensor forward(const ::torch::Tensor& logits, const ::torch::Tensor& target);
+
+ private:
+  std::shared_ptr<VocabParallelCrossEntropy> kernel_;
+};
+TORCH_MODULE(VocabParallelCrossEntropyLoss);
+
+}  // namespace strata::nn

@@ -1,0 +1,18 @@
+// Access from any binding file to the C++ communicator behind a Python
+// strata.Group (python/strata/comm.py) or its raw _Group, so areas that run
+// collectives in C++ (topology consistency, pipeline runner, checkpoints)
+// take the group the user already has.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "strata/comm/communicator.h"
+
+namespace strata::bindings {
+
+// The communicator of `group` (a strata.Group or a _Group). Raises
+// strata.InvalidArgument for another object and strata.CommError when the
+// group's world was destroyed. The reference is valid while `group` is alive.
+Communicator& GroupCommunicator(pybind11::handle group);
+
+}  // namespace strata::bindings
