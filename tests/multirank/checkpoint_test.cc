@@ -147,7 +147,8 @@ TEST_F(CheckpointMpiTest, RoundTripOfEveryDtypeIsExact) {
 // The resharding matrix. 4 ranks: saved as tp=2,dp=2; loaded as tp=4,dp=1,
 // tp=1,dp=4, tp=2,dp=2, and tp=1,pp=2,dp=2 (per-layer tensors on pipeline
 // stages). 8 ranks: saved as tp=2,dp=2,pp=2; loaded as tp=4,pp=2,dp=1,
-// tp=1,pp=2,dp=4, the same layout, and tp=1 with pp=4 and pp=8.
+// tp=1,pp=2,dp=4, the same layout, tp=1 with pp=4 and pp=8, and pp=1 with
+// tp=2,dp=4 and tp=8,dp=1.
 TEST_F(CheckpointMpiTest, ReshardingMatrix) {
   const int n = size();
   if (n != 4 && n != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
@@ -179,7 +180,13 @@ TEST_F(CheckpointMpiTest, ReshardingMatrix) {
     int tp, pp;
   };
   std::vector<Layout> layouts = {{4, pp}, {1, pp}, {2, pp}, {1, 2 * pp}};
-  if (n == 8) layouts.push_back({1, 8});
+  if (n == 8) {
+    // Per-layer tensors saved on two pipeline stages, loaded with one stage
+    // (every rank holds all 8 layers) and with eight.
+    layouts.push_back({1, 8});
+    layouts.push_back({2, 1});
+    layouts.push_back({8, 1});
+  }
   for (const Layout& l : layouts) {
     SCOPED_TRACE(absl::StrCat("loaded as tp=", l.tp, " pp=", l.pp, " dp=", n / (l.tp * l.pp)));
     const Mesh now = MakeMesh(n, l.tp, l.pp);
