@@ -42,7 +42,8 @@ def bar(fraction, width=24):
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3):
+def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3,
+          checkpoints=None):
     tp, dp = world.group("tp"), world.group("dp")
     text = corpus()
     torch.manual_seed(1234)
@@ -79,6 +80,10 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
             offset += p.numel()
         opt.step()
         sched.step()
+        if checkpoints is not None:  # examples/demo/demo_checkpoint.py
+            checkpoints.after_step(step, steps, model, opt, sched,
+                                   dict(seq=seq, hidden=hidden, heads=heads, layers=layers, lr=lr,
+                                        steps=steps))
         shown = torch.tensor([loss.item()])
         dp.allreduce(shown, op="avg")
         now = time.perf_counter()
