@@ -11,6 +11,8 @@ each rank's shard must equal its box of those.
     mpirun -np 4 python -m pytest tests/python/mr_checkpoint.py
 """
 
+import json
+import os
 import shutil
 import tempfile
 
@@ -97,6 +99,11 @@ def test_every_dtype_round_trips_exactly(shared_dir):
         # global shapes, and its data is the sum of the global sizes.
         info = ckpt.info(shared_dir)
         assert info["world_size"] == N
+        # The writing is spread: every rank wrote a file (rank 0 is not the
+        # writer of every replicated tensor).
+        with open(os.path.join(info["directory"], "manifest.json")) as f:
+            writers = {entry["rank"] for entry in json.load(f)["files"]}
+        assert writers == set(range(N))
         for i, dtype in enumerate(DTYPES):
             name = str(dtype).split(".")[1]
             assert info["tensors"][f"m.split_{name}"] == (dtype, (2 * w.group("tp").size, 3))
