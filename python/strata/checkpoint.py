@@ -317,10 +317,13 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
                    merge_gap_bytes=merge_gap_bytes)
     failure = None
     try:
-        targets, tensors, after, tree = _plan_load(reader, state, strict)
+        targets, tensors, after, tree, unasked = _plan_load(reader, state, strict,
+                                                            placement.group is not None)
     except Exception as e:  # noqa: BLE001: raised on every rank by agree()
         failure = e
     placement.agree(failure)
+    if placement.group is not None and strict:  # on every rank: it is collective
+        _check_unexpected_globally(reader, placement, targets, unasked)
     report = reader.load(targets)
     own = reader.state(placement.rank)  # per-rank fields empty for a rank the save had not
     if restore_rng:
@@ -351,9 +354,28 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     return state
 
 
-def _plan_load(reader, state, strict):
+def _check_unexpected_globally(reader, placement, targets, unasked):
+    """Strictness across ranks: a saved tensor under a module entry is
+    unexpected only when no rank asked for it (under a pipeline split each
+    stage asks for its own layers). Collective; every rank raises alike."""
+    keys = sorted(key for key, _, _ in reader.tensors())
+    asked = {t[0] for t in targets}
+    mark = torch.tensor([1 if k in asked else 0 for k in keys], dtype=torch.int32)
+    if mark.numel():
+        placement.group.allreduce(mark, op="max")
+    unexpected = [k for k, m in zip(keys, mark.tolist()) if not m and k in unasked]
+    if unexpected:
+        raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) that no rank "
+                     f"asked for: {_names(unexpected)} (strict=False ignores them)")
+
+
+def _plan_load(reader, state, strict, collective=False):
     """(targets for the reader, {key: tensor filled}, [(destination, tmp)]
-    copies after the load, the saved tree) for loading into ``state``."""
+    copies after the load, the saved tree, saved keys to check for
+    unexpectedness across ranks) for loading into ``state``. With
+    ``collective``, saved tensors under a module entry that this rank does
+    not hold are left to that check rather than refused here."""
+    unasked = set()
     tree = _tree(reader)
     saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
     tensors = {}   # key -> CPU tensor filled by the load
@@ -396,6 +418,9 @@ def _plan_load(reader, state, strict):
             sub = tree[name]
             saved_keys = set(_tensor_keys(sub, []))
             if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+                # From the manifest, not rank 0's tree: under a pipeline split
+                # rank 0 saved only its stage's layers.
+                saved_keys = {k for k in saved if k == name or k.startswith(name + ".")}
                 flat = _Flattener()
                 want = flat.encode(obj, [name])
                 want_keys = _tensor_keys(want, [])
@@ -405,7 +430,9 @@ def _plan_load(reader, state, strict):
                     raise _error(f"{len(missing)} tensor(s) missing from checkpoint step "
                                  f"{reader.step}: {_names(missing)} (strict=False skips them)",
                                  code="NOT_FOUND")
-                if strict and unexpected:
+                if strict and unexpected and collective:
+                    unasked |= unexpected
+                elif strict and unexpected:
                     raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) "
                                  f"under '{name}' that the state does not: {_names(unexpected)} "
                                  "(strict=False ignores them)")
@@ -435,7 +462,7 @@ def _plan_load(reader, state, strict):
         shape = list(t.shape)
         glob, offset = boxes.get(key, (shape, [0] * len(shape)))
         targets.append((key, _DTYPES[t.dtype], glob, shape, offset, t.data_ptr()))
-    return targets, tensors, after, tree
+    return targets, tensors, after, tree, unasked
 
 
 def info(directory, *, step=None):

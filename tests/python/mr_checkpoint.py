@@ -209,3 +209,46 @@ def test_an_error_on_one_rank_raises_on_every_rank(shared_dir):
             assert f"rank {N - 1} of {N}" in str(e.value)
         # The world is still usable: a good load works afterwards.
         ckpt.load(shared_dir, {"m": m}, world=w)
+
+
+def stage_model(world, layers):
+    """This pipeline stage's layers, named by their index in the full model
+    (layer l's weights a function of l), as a pipeline-split trainer should."""
+    pp, stage = world.mesh.pp, world.mesh.coords(world.rank)["pp"]
+    per = layers // pp
+    m = torch.nn.ModuleDict()
+    for layer in range(stage * per, (stage + 1) * per):
+        torch.manual_seed(1000 + layer)
+        m[str(layer)] = torch.nn.Linear(4, 4)
+    return m
+
+
+PPS = [p for p in (1, 2, 4, 8) if N % p == 0]
+
+
+@pytest.mark.parametrize("save_pp", [2])
+def test_per_layer_tensors_load_under_another_pipeline_split(shared_dir, save_pp):
+    layers = 8
+    with strata.init(strata.Mesh(N, pp=save_pp)) as w:
+        ckpt.save({"model": stage_model(w, layers)}, shared_dir, step=1, world=w)
+    for pp in PPS:
+        with strata.init(strata.Mesh(N, pp=pp)) as w:
+            want = stage_model(w, layers)
+            got = stage_model(w, layers)
+            with torch.no_grad():
+                for p in got.parameters():
+                    p.zero_()
+            st = {}
+            # Strict: each stage asks for its layers only; nothing is left over.
+            ckpt.load(shared_dir, {"model": got}, world=w, verify=False, merge_gap_bytes=0,
+                      training_state=st)
+            for (name, a), (_, b) in zip(want.named_parameters(), got.named_parameters()):
+                assert torch.equal(a, b), f"{name}: saved with pp={save_pp}, loaded with pp={pp}"
+            assert st["bytes_read"] == sum(p.numel() * 4 for p in got.parameters())
+    with strata.init(strata.Mesh(N, pp=2)) as w:
+        # A layer no rank holds is still unexpected (on every rank).
+        m = stage_model(w, layers)
+        if w.mesh.coords(w.rank)["pp"] == 1:
+            del m[str(layers - 1)]
+        with pytest.raises(strata.CheckpointError, match="no rank asked for: 'model.7.bias'"):
+            ckpt.load(shared_dir, {"model": m}, world=w)
