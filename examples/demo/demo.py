@@ -11,7 +11,10 @@ end the measured pipeline bubble. Before it, briefly:
   3. the World: one communicator per group; every rank allreduces its rank
      over each axis, and rank 0 prints what each group summed;
   4. the bus bandwidth of a 64 MiB allreduce over all ranks.
-Then 5. the training (examples/demo/train_gpt.py).
+Then 5. the training (examples/demo/train_gpt.py), saving a checkpoint
+asynchronously every 100 steps and printing how long training was blocked,
+and 6. the last checkpoint reloaded under another split (dp4 x tp2), with the
+loss on a fixed batch compared (examples/demo/demo_checkpoint.py).
 """
 
 import os
@@ -24,6 +27,7 @@ import torch
 import strata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import demo_checkpoint  # noqa: E402
 import train_gpt  # noqa: E402
 
 AXES = ["tp", "pp", "dp", "world"]
@@ -107,9 +111,13 @@ def main():
     with strata.init(mesh, timeout=300) as world:
         show_group_sums(world)
         show_busbw(world)
-        first, last = train_gpt.train(world, steps=TRAIN_STEPS)
+        checkpoints = demo_checkpoint.DemoCheckpoints(world)
+        first, last = train_gpt.train(world, steps=TRAIN_STEPS, checkpoints=checkpoints)
+        checkpoints.close()
     if env.rank == 0 and not last < first:
         raise SystemExit(f"demo: the loss did not fall ({first:.3f} -> {last:.3f})")
+    if not demo_checkpoint.reload_and_compare(env, checkpoints):
+        raise SystemExit("demo: the reloaded checkpoint's loss does not match")
 
 
 if __name__ == "__main__":

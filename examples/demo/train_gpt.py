@@ -51,7 +51,7 @@ def bar(fraction, width=24):
 
 
 def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3,
-          microbatches=4):
+          microbatches=4, checkpoints=None):
     tp, dp, pp = world.group("tp"), world.group("dp"), world.group("pp")
     text = corpus()
     torch.manual_seed(1234)
@@ -100,6 +100,12 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
             offset += p.numel()
         opt.step()
         sched.step()
+        if checkpoints is not None:  # examples/demo/demo_checkpoint.py
+            checkpoints.after_step(
+                step, steps, model, opt, sched,
+                dict(seq=seq, hidden=hidden, heads=heads, layers=layers, lr=lr, steps=steps,
+                     pp=pp.size),
+                fixed_loss=lambda ids, targets: stage_loss(model, pp, ids, targets))
         # The last stage holds the losses: sum over pp (the others add 0).
         shown = torch.tensor([sum(l.item() for l in losses) / len(losses) if losses else 0.0])
         pp.allreduce(shown)
@@ -143,6 +149,36 @@ def measured_bubble(world, busy, elapsed):
     return 1.0 - b.item() / e.item()
 
 
+def forward_stages(model, pp, x):
+    """The stages' forward in turn, one batch, no pipelining: the hidden state
+    moves from stage to stage by all-reduces over pp. Returns the last
+    stage's output there (something else elsewhere)."""
+    h = None
+    for s in range(pp.size):
+        if s == pp.rank:
+            h = model(x if s == 0 else h).contiguous()
+        if s < pp.size - 1:  # pass the hidden state on to stage s + 1
+            shape = torch.tensor(list(h.shape) if s == pp.rank else [0, 0, 0])
+            pp.allreduce(shape)
+            moved = h.clone() if s == pp.rank else torch.zeros(shape.tolist())
+            pp.allreduce(moved)
+            h = moved if pp.rank == s + 1 else h
+    return h
+
+
+def stage_loss(model, pp, ids, targets):
+    """The loss of the pipelined model on one batch ([seq, batch] ids and
+    targets), the same on every rank; collective over tp and pp."""
+    model.eval()
+    with torch.no_grad():
+        h = forward_stages(model, pp, ids.t())
+        loss = torch.tensor([model.loss(h, targets.t()).item() if model.last else 0.0],
+                            dtype=torch.float64)
+    model.train()
+    pp.allreduce(loss)
+    return loss.item()
+
+
 def sample(model, tp, pp, seq, length=120, temperature=0.8):
     """A continuation of a prompt, sampled at ``temperature`` from a fixed
     seed; collective over tp and pp: the hidden state moves from stage to
@@ -159,16 +195,7 @@ def sample(model, tp, pp, seq, length=120, temperature=0.8):
             # Sequence parallelism needs a full window: pad on the right,
             # which causal attention keeps from affecting the last real byte.
             x = torch.tensor(window + [0] * (seq - len(window))).view(1, -1)  # [batch, seq]
-            h = None
-            for s in range(pp.size):
-                if s == pp.rank:
-                    h = model(x if s == 0 else h).contiguous()
-                if s < pp.size - 1:  # pass the hidden state on to stage s + 1
-                    shape = torch.tensor(list(h.shape) if s == pp.rank else [0, 0, 0])
-                    pp.allreduce(shape)
-                    moved = h.clone() if s == pp.rank else torch.zeros(shape.tolist())
-                    pp.allreduce(moved)
-                    h = moved if pp.rank == s + 1 else h
+            h = forward_stages(model, pp, x)
             drawn = torch.zeros(1, dtype=torch.int64)
             if pp.rank == pp.size - 1:
                 logits = h[len(window) - 1, 0]  # this rank's vocabulary shard

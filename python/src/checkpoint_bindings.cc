@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
 #include "strata/checkpoint/checkpointer.h"
@@ -75,10 +76,13 @@ class PyCheckpointer {
                  uint64_t chunk_bytes, uint64_t max_file_bytes, const std::string& on_busy,
                  double busy_timeout, const std::string& on_failure, double commit_timeout,
                  int staging_threads, const std::string& io_priority,
-                 std::optional<std::string> fail_at)
-      : sink_(std::make_shared<WarnSink>()) {
+                 std::optional<std::string> fail_at, py::object split_from)
+      : group_(std::move(split_from)), sink_(std::make_shared<WarnSink>()) {
     CheckpointOptions o;
     o.directory = directory;
+    // Multi-rank: a communicator of the checkpointer's own is split off the
+    // group (collectively); the group object is kept alive beside it.
+    if (!group_.is_none()) o.split_from = &GroupCommunicator(group_);
     o.keep_last = keep_last;
     absl::StatusOr<ChecksumAlgorithm> alg = ParseChecksumAlgorithm(checksum);
     if (!alg.ok()) Raise(alg.status());
@@ -108,7 +112,11 @@ class PyCheckpointer {
                           : absl::OkStatus();
       };
     }
-    absl::StatusOr<std::unique_ptr<Checkpointer>> c = Checkpointer::Create(o);
+    absl::StatusOr<std::unique_ptr<Checkpointer>> c;
+    {
+      py::gil_scoped_release release;  // the split waits for the other ranks
+      c = Checkpointer::Create(o);
+    }
     if (!c.ok()) Raise(c.status());
     ckpt_ = std::move(*c);
   }
@@ -215,6 +223,7 @@ class PyCheckpointer {
   }
 
  private:
+  py::object group_;  // declared first: outlives ckpt_ (which borrows its communicator)
   std::shared_ptr<WarnSink> sink_;
   std::unique_ptr<Checkpointer> ckpt_;
 };
@@ -245,8 +254,14 @@ py::dict StateDict(const TrainingState& s) {
 
 class PyReader {
  public:
-  PyReader(const std::string& directory, int64_t step, bool verify, uint64_t read_buffer_bytes) {
+  PyReader(const std::string& directory, int64_t step, bool verify, uint64_t read_buffer_bytes,
+           py::object comm, double timeout, uint64_t merge_gap_bytes)
+      : group_(std::move(comm)) {
     LoadOptions o;
+    o.merge_gap_bytes = merge_gap_bytes;
+    // Multi-rank: Open and Load are collective over the group.
+    if (!group_.is_none()) o.comm = &GroupCommunicator(group_);
+    o.timeout = absl::Seconds(timeout);
     o.directory = directory;
     o.step = step;
     o.verify = verify ? ChecksumVerification::kVerify : ChecksumVerification::kSkip;
@@ -327,6 +342,7 @@ class PyReader {
   }
 
  private:
+  py::object group_;  // declared first: outlives reader_
   std::unique_ptr<CheckpointReader> reader_;
 };
 
@@ -366,11 +382,12 @@ Registration reg(kOrderCheckpoint, [](py::module_& m) {
                              "Private: see strata.checkpoint.AsyncCheckpointer.")
       .def(py::init<const std::string&, int, const std::string&, uint64_t, uint64_t,
                     const std::string&, double, const std::string&, double, int, const std::string&,
-                    std::optional<std::string>>(),
+                    std::optional<std::string>, py::object>(),
            py::arg("directory"), py::kw_only(), py::arg("keep_last"), py::arg("checksum"),
            py::arg("chunk_bytes"), py::arg("max_file_bytes"), py::arg("on_busy"),
            py::arg("busy_timeout"), py::arg("on_failure"), py::arg("commit_timeout"),
-           py::arg("staging_threads"), py::arg("io_priority"), py::arg("fail_at") = py::none())
+           py::arg("staging_threads"), py::arg("io_priority"), py::arg("fail_at") = py::none(),
+           py::arg("split_from") = py::none())
       .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("shards"), py::arg("state"),
            py::arg("cuda_stream") = 0)
       .def("wait", &PyCheckpointer::Wait, py::arg("timeout") = py::none())
@@ -379,8 +396,10 @@ Registration reg(kOrderCheckpoint, [](py::module_& m) {
       .def("take_warnings", &PyCheckpointer::TakeWarnings);
 
   py::class_<PyReader>(m, "_CheckpointReader", "Private: see strata.checkpoint.load.")
-      .def(py::init<const std::string&, int64_t, bool, uint64_t>(), py::arg("directory"),
-           py::kw_only(), py::arg("step"), py::arg("verify"), py::arg("read_buffer_bytes"))
+      .def(py::init<const std::string&, int64_t, bool, uint64_t, py::object, double, uint64_t>(),
+           py::arg("directory"), py::kw_only(), py::arg("step"), py::arg("verify"),
+           py::arg("read_buffer_bytes"), py::arg("comm") = py::none(), py::arg("timeout") = 600.0,
+           py::arg("merge_gap_bytes") = uint64_t{256} << 10)
       .def_property_readonly("step", &PyReader::step)
       .def_property_readonly("step_directory", &PyReader::step_directory)
       .def("tensors", &PyReader::Tensors)

@@ -30,24 +30,30 @@ in the checkpoint are the dotted paths (``model.layer.weight``,
 ``optimizer.state.0.exp_avg``); the structure around them is stored in the
 manifest and rebuilt exactly on load.
 
-``world=None`` means a single process. Passing a ``strata.World`` (multi-rank
-saves through a checkpoint communicator, resharding on load) is not available
-yet and raises ``NotImplementedError``.
+``world=None`` means a single process. With a ``strata.World`` every rank
+calls ``save``/``load``/``AsyncCheckpointer`` (collectively): each rank writes
+its shards (``strata.nn`` tensor-parallel parameters and their optimizer
+states as boxes of the global tensor; every other tensor replicated, written
+once) and a load reshards to the current layout, each rank reading only the
+byte ranges it needs::
+
+    world = strata.init(strata.Mesh(8, tp=4))
+    ckpt.save({"model": model, "optimizer": opt}, "/ckpt/run1", step=100, world=world)
+    # later, on a dp4 x tp2 mesh:
+    ckpt.load("/ckpt/run1", {"model": model, "optimizer": opt}, world=world)
 
 Errors raise :class:`strata.CheckpointError` (``code`` holds the canonical
 status: ``NOT_FOUND``, ``DATA_LOSS``, ``INVALID_ARGUMENT``, ...).
 """
 
-import base64
 import json
-import math
 import random
 import warnings
 
 import torch
 
+from . import _checkpoint_tree as T
 from . import _strata
-from .errors import CheckpointError
 
 __all__ = [
     "AsyncCheckpointer",
@@ -61,21 +67,6 @@ __all__ = [
     "load_safetensors",
 ]
 
-# strata::DataType values.
-_DTYPES = {
-    torch.float32: 0,
-    torch.float64: 1,
-    torch.float16: 2,
-    torch.bfloat16: 3,
-    torch.int8: 4,
-    torch.uint8: 5,
-    torch.int32: 6,
-    torch.int64: 7,
-    torch.int16: 8,
-    torch.bool: 9,
-}
-_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
-
 # Version of the Python structure stored in the manifest's state.extra.
 _TREE_VERSION = 1
 _TREE_KEY = "strata.python"
@@ -86,129 +77,10 @@ class CheckpointWarning(UserWarning):
     could not remove an old checkpoint."""
 
 
-def _error(message, code="INVALID_ARGUMENT"):
-    e = CheckpointError(message)
-    e.code = code
-    return e
-
-
-def _no_world(world):
-    if world is not None:
-        raise NotImplementedError(
-            "strata.checkpoint with world= (multi-rank save and load) arrives with the MPI "
-            "communicator backend; pass world=None for a single process")
-
-
-# ---- the state tree ----------------------------------------------------------
-
-
-def _state_dict_of(obj):
-    """The state dict of a module, optimizer, scheduler, ...; None for plain values."""
-    if isinstance(obj, torch.nn.Module):
-        return obj.state_dict()
-    if hasattr(obj, "state_dict") and callable(obj.state_dict) and not isinstance(obj, type):
-        return obj.state_dict()
-    return None
-
-
-class _Flattener:
-    """Turns a state tree into JSON-able structure plus {key: tensor}."""
-
-    def __init__(self):
-        self.tensors = {}
-
-    def _key(self, path):
-        base = ".".join(path) if path else "tensor"
-        key, n = base, 1
-        while key in self.tensors:  # {"a.b": t, "a": {"b": u}} both map to "a.b"
-            key = f"{base}~{n}"
-            n += 1
-        return key
-
-    def encode(self, obj, path):
-        if isinstance(obj, torch.Tensor):
-            key = self._key(path)
-            self.tensors[key] = obj
-            return {"__tensor__": key}
-        sd = _state_dict_of(obj)
-        if sd is not None:
-            return self.encode(sd, path)
-        if obj is None or isinstance(obj, (bool, str)):
-            return obj
-        if isinstance(obj, int):
-            return obj if -(2**63) <= obj < 2**63 else {"__int__": str(obj)}
-        if isinstance(obj, float):
-            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
-        if isinstance(obj, (bytes, bytearray)):
-            return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
-        if isinstance(obj, torch.Size):
-            return {"__tuple__": [int(d) for d in obj]}
-        if isinstance(obj, tuple):
-            return {"__tuple__": [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]}
-        if isinstance(obj, list):
-            return [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]
-        if isinstance(obj, dict):
-            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-                return {k: self.encode(v, path + [k]) for k, v in obj.items()}
-            return {"__dict__": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])]
-                                 for k, v in obj.items()]}
-        raise _error(f"cannot save {type(obj).__name__} at '{'.'.join(path) or '<root>'}': a "
-                     "checkpoint holds tensors, objects with state_dict(), and None, bool, int, "
-                     "float, str, bytes, list, tuple and dict")
-
-
-def _decode(node, tensors):
-    """Rebuilds a tree; tensors[key] supplies each tensor."""
-    if isinstance(node, list):
-        return [_decode(v, tensors) for v in node]
-    if isinstance(node, dict):
-        if len(node) == 1:
-            (k, v), = node.items()
-            if k == "__tensor__":
-                return tensors[v]
-            if k == "__tuple__":
-                return tuple(_decode(x, tensors) for x in v)
-            if k == "__dict__":
-                return {_decode(a, tensors): _decode(b, tensors) for a, b in v}
-            if k == "__int__":
-                return int(v)
-            if k == "__float__":
-                return float(v)
-            if k == "__bytes__":
-                return base64.b64decode(v)
-        return {k: _decode(v, tensors) for k, v in node.items()}
-    return node
-
-
-def _tensor_keys(node, out):
-    """Every tensor key referenced in a tree."""
-    if isinstance(node, list):
-        for v in node:
-            _tensor_keys(v, out)
-    elif isinstance(node, dict):
-        if len(node) == 1 and "__tensor__" in node:
-            out.append(node["__tensor__"])
-        else:
-            for v in node.values():
-                _tensor_keys(v, out)
-    return out
-
-
-def _shard(key, t):
-    """The binding's tuple for a whole tensor; returns (tuple, tensor kept alive)."""
-    if t.dtype not in _DTYPES:
-        raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold "
-                     f"(supported: {', '.join(str(d) for d in _DTYPES)})")
-    if t.layout != torch.strided or t.is_quantized:
-        raise _error(f"tensor '{key}' is not a dense tensor ({t.layout})")
-    if t.device.type not in ("cpu", "cuda"):
-        raise _error(f"tensor '{key}' is on {t.device}; checkpoints take CPU and CUDA tensors")
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    shape = list(t.shape)
-    return (key, _DTYPES[t.dtype], shape, shape, [0] * len(shape), 0, 1, t.data_ptr(),
-            t.is_cuda), t
+_error = T.error
+_DTYPES, _TORCH_DTYPES = T.DTYPES, T.TORCH_DTYPES
+_Flattener, _decode, _tensor_keys, _state_dict_of = T.Flattener, T.decode, T.tensor_keys, \
+    T.state_dict_of
 
 
 # ---- RNG ------------------------------------------------------------------------
@@ -220,7 +92,19 @@ def _capture_rng():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         for i in range(torch.cuda.device_count()):
             states[f"torch.cuda:{i}"] = bytes(torch.cuda.get_rng_state(i).numpy().tobytes())
+    np = _numpy()
+    if np is not None:
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        states["numpy"] = json.dumps([name, keys.tolist(), pos, has_gauss, gauss]).encode()
     return states
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
 
 
 def _restore_rng(states):
@@ -229,6 +113,10 @@ def _restore_rng(states):
     if "python" in states:
         v = json.loads(states["python"].decode())
         random.setstate((v[0], tuple(v[1]), v[2]))
+    np = _numpy()
+    if "numpy" in states and np is not None:
+        name, keys, pos, has_gauss, gauss = json.loads(states["numpy"].decode())
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     for name, b in states.items():
         if name.startswith("torch.cuda:") and torch.cuda.is_available():
             i = int(name.split(":", 1)[1])
@@ -254,7 +142,17 @@ class AsyncCheckpointer:
     ``chunk_bytes`` (checksum granularity), ``max_file_bytes`` (split a rank's
     data into files of about this size), ``commit_timeout`` (seconds),
     ``staging_threads``, ``io_priority`` ("low" or "normal"), ``rng`` (save the
-    torch and Python RNG states).
+    torch, numpy and Python RNG states, each rank its own).
+
+    ``world``: a ``strata.World`` for a multi-rank save (every rank creates
+    the checkpointer, collectively, and calls :meth:`save` with the same
+    step); the checkpointer splits a communicator of its own off the world,
+    so its agreements never interleave with training's collectives. Each
+    rank saves its shards: tensor-parallel parameters of ``strata.nn``
+    layers and their optimizer states as boxes of the global tensor, every
+    other tensor as replicated over the ranks of its pipeline stage (written
+    once, the writing spread across the replicas). The structure of
+    ``state`` and its plain values are taken from rank 0.
 
     Thread-safe; use as a context manager or call :meth:`close`.
     """
@@ -263,14 +161,15 @@ class AsyncCheckpointer:
                  busy_timeout=1800.0, on_failure="raise", checksum="xxh3-128",
                  chunk_bytes=16 << 20, max_file_bytes=None, commit_timeout=600.0,
                  staging_threads=None, io_priority="low", rng=True, _fail_at=None):
-        _no_world(world)
+        self._placement = T.Placement(world)
         self.directory = str(directory)
         self._rng = rng
         self._impl = _strata._Checkpointer(
             self.directory, keep_last=keep_last or 0, checksum=checksum, chunk_bytes=chunk_bytes,
             max_file_bytes=max_file_bytes or 0, on_busy=on_busy, busy_timeout=busy_timeout,
             on_failure=on_failure, commit_timeout=commit_timeout,
-            staging_threads=staging_threads or 0, io_priority=io_priority, fail_at=_fail_at)
+            staging_threads=staging_threads or 0, io_priority=io_priority, fail_at=_fail_at,
+            split_from=self._placement.group)
 
     def _warn(self):
         for message in self._impl.take_warnings():
@@ -281,8 +180,8 @@ class AsyncCheckpointer:
 
         Returns once every tensor is copied: training may then change them.
         ``optimizer_step`` (int) and ``data_loader`` (JSON-able position) are
-        recorded in the manifest's training state; ``mesh`` is a
-        ``strata.Mesh`` to record.
+        recorded in the manifest's training state (``data_loader`` per
+        rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
         if not isinstance(state, dict):
             raise _error(f"state must be a dict, not {type(state).__name__}")
@@ -291,7 +190,7 @@ class AsyncCheckpointer:
         shards, keep_alive = [], []
         cuda = False
         for key, t in flat.tensors.items():
-            s, t = _shard(key, t)
+            s, t = self._placement.shard(key, t, flat.specs.get(key))
             shards.append(s)
             keep_alive.append(t)
             cuda = cuda or t.is_cuda
@@ -303,6 +202,8 @@ class AsyncCheckpointer:
             plain["data_loader"] = json.dumps(data_loader)
         if self._rng:
             plain["rng_states"] = _capture_rng()
+        if mesh is None and self._placement.world is not None:
+            mesh = self._placement.world.mesh
         if mesh is not None:
             plain["mesh"] = mesh.spec()
         stream = torch.cuda.current_stream().cuda_stream if cuda else 0
@@ -355,9 +256,11 @@ def save(state, directory, *, step, world=None, **options):
 # ---- loading ----------------------------------------------------------------------
 
 
-def _open(directory, step, verify, read_buffer_bytes=64 << 20):
+def _open(directory, step, verify, read_buffer_bytes=64 << 20, group=None, timeout=600.0,
+          merge_gap_bytes=256 << 10):
     return _strata._CheckpointReader(str(directory), step=-1 if step is None else int(step),
-                                     verify=verify, read_buffer_bytes=read_buffer_bytes)
+                                     verify=verify, read_buffer_bytes=read_buffer_bytes,
+                                     comm=group, timeout=timeout, merge_gap_bytes=merge_gap_bytes)
 
 
 def _tree(reader):
@@ -379,7 +282,7 @@ def _names(keys, limit=8):
 
 
 def load(directory, state=None, *, step=None, world=None, verify=True, strict=True,
-         restore_rng=False):
+         restore_rng=False, training_state=None, timeout=600.0, merge_gap_bytes=256 << 10):
     """Loads checkpoint ``step`` (default: the one ``latest`` names).
 
     With ``state=None``, returns the saved state as a new nested dict (tensors
@@ -391,20 +294,106 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     ``strict`` (default) requires every tensor of the given modules and
     tensors to be in the checkpoint and no other tensor under their names,
     and every entry of ``state`` to be in the checkpoint. ``verify`` checks the
-    checksums of what is read. ``restore_rng`` restores the torch and Python
-    RNG states saved with the checkpoint.
+    checksums of what is read. ``restore_rng`` restores the torch, numpy and
+    Python RNG states saved with the checkpoint (this rank's).
+
+    ``world``: a ``strata.World`` for a collective load (every rank calls
+    it; each waits at most ``timeout`` seconds for the others). Rank 0
+    resolves the step, so all ranks load the same one; each rank reads only
+    the byte ranges its own tensors need, resharded to its current layout:
+    tensor-parallel parameters of ``strata.nn`` layers (and their optimizer
+    states) get this rank's box of the global tensor whatever tp the
+    checkpoint was saved with; other tensors are loaded whole. An error on
+    any rank raises on every rank.
+
+    ``training_state``: a dict to fill with what was recorded beside the
+    tensors: ``step``, ``optimizer_step``, ``data_loader`` (this rank's),
+    ``mesh``, ``library_version``, and ``bytes_read``/``bytes_verified`` of
+    this rank's load. ``merge_gap_bytes``: needed byte ranges of a file
+    closer than this are read with one call (0: read exactly what is needed).
     """
-    _no_world(world)
-    reader = _open(directory, step, verify)
+    placement = T.Placement(world)
+    reader = _open(directory, step, verify, group=placement.group, timeout=timeout,
+                   merge_gap_bytes=merge_gap_bytes)
+    failure = None
+    try:
+        targets, tensors, after, tree, unasked = _plan_load(reader, state, strict,
+                                                            placement.group is not None)
+    except Exception as e:  # noqa: BLE001: raised on every rank by agree()
+        failure = e
+    placement.agree(failure)
+    if placement.group is not None and strict:  # on every rank: it is collective
+        _check_unexpected_globally(reader, placement, targets, unasked)
+    report = reader.load(targets)
+    own = reader.state(placement.rank)  # per-rank fields empty for a rank the save had not
+    if restore_rng:
+        _restore_rng(own["rng_states"])
+    if training_state is not None:
+        training_state.update({
+            "step": reader.step,
+            "optimizer_step": None if own["optimizer_step"] < 0 else own["optimizer_step"],
+            "data_loader": json.loads(own["data_loader"]) if own["data_loader"] else None,
+            "mesh": reader.state(0)["mesh"],
+            "library_version": own["library_version"] or reader.info()["library_version"],
+            "bytes_read": report["bytes_read"],
+            "bytes_verified": report["bytes_verified"],
+        })
+    if state is None:
+        return _decode(tree, tensors)
+    with torch.no_grad():
+        for dst, tmp in after:
+            dst.copy_(tmp)
+    for name, obj in list(state.items()):
+        if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
+            continue
+        value = _decode(tree[name], tensors)
+        if _state_dict_of(obj) is not None and hasattr(obj, "load_state_dict"):
+            obj.load_state_dict(value)
+        else:
+            state[name] = value
+    return state
+
+
+def _check_unexpected_globally(reader, placement, targets, unasked):
+    """Strictness across ranks: a saved tensor under a module entry is
+    unexpected only when no rank asked for it (under a pipeline split each
+    stage asks for its own layers). Collective; every rank raises alike."""
+    keys = sorted(key for key, _, _ in reader.tensors())
+    asked = {t[0] for t in targets}
+    mark = torch.tensor([1 if k in asked else 0 for k in keys], dtype=torch.int32)
+    if mark.numel():
+        placement.group.allreduce(mark, op="max")
+    unexpected = [k for k, m in zip(keys, mark.tolist()) if not m and k in unasked]
+    if unexpected:
+        raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) that no rank "
+                     f"asked for: {_names(unexpected)} (strict=False ignores them)")
+
+
+def _plan_load(reader, state, strict, collective=False):
+    """(targets for the reader, {key: tensor filled}, [(destination, tmp)]
+    copies after the load, the saved tree, saved keys to check for
+    unexpectedness across ranks) for loading into ``state``. With
+    ``collective``, saved tensors under a module entry that this rank does
+    not hold are left to that check rather than refused here."""
+    unasked = set()
     tree = _tree(reader)
     saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
     tensors = {}   # key -> CPU tensor filled by the load
+    boxes = {}     # key -> (global shape, offset) of a shard; absent: whole
     after = []     # (destination, cpu tensor) copies for non-CPU destinations
 
-    def fresh(key):
+    def fresh(key, hint=None):
         dtype, shape = saved[key]
-        t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype])
+        local, box = list(shape), None
+        if hint is not None:
+            spec, param = hint
+            glob, offset = T.global_box(param.shape, spec)
+            if glob == list(shape):  # a state of the parameter's layout
+                local, box = list(param.shape), (glob, offset)
+        t = torch.empty(local, dtype=_TORCH_DTYPES[dtype])
         tensors[key] = t
+        if box is not None:
+            boxes[key] = box
         return t
 
     if state is None:
@@ -429,6 +418,9 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
             sub = tree[name]
             saved_keys = set(_tensor_keys(sub, []))
             if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+                # From the manifest, not rank 0's tree: under a pipeline split
+                # rank 0 saved only its stage's layers.
+                saved_keys = {k for k in saved if k == name or k.startswith(name + ".")}
                 flat = _Flattener()
                 want = flat.encode(obj, [name])
                 want_keys = _tensor_keys(want, [])
@@ -438,7 +430,9 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
                     raise _error(f"{len(missing)} tensor(s) missing from checkpoint step "
                                  f"{reader.step}: {_names(missing)} (strict=False skips them)",
                                  code="NOT_FOUND")
-                if strict and unexpected:
+                if strict and unexpected and collective:
+                    unasked |= unexpected
+                elif strict and unexpected:
                     raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) "
                                  f"under '{name}' that the state does not: {_names(unexpected)} "
                                  "(strict=False ignores them)")
@@ -446,6 +440,8 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
                     if key not in saved:
                         continue
                     dst = flat.tensors[key]
+                    if key in flat.specs:
+                        boxes[key] = T.global_box(dst.shape, flat.specs[key])
                     if dst.device.type == "cpu" and dst.is_contiguous():
                         tensors[key] = dst.detach()  # filled in place
                     else:
@@ -453,31 +449,20 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
                         tensors[key] = tmp
                         after.append((dst, tmp))
             else:
-                for key in saved_keys:
-                    fresh(key)
+                # Optimizers and the like: the saved structure says what there
+                # is; the object's parameters say which states are shards.
+                hints = T.Hints()
+                hints.add(obj, [name])
+                for path, key in T.tensor_paths(sub, [name], []):
+                    fresh(key, hints.get(path))
     targets = []
     for key, t in tensors.items():
         if t.dtype not in _DTYPES:
             raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold")
         shape = list(t.shape)
-        targets.append((key, _DTYPES[t.dtype], shape, shape, [0] * len(shape), t.data_ptr()))
-    reader.load(targets)
-    if restore_rng:
-        _restore_rng(reader.state(0)["rng_states"])
-    if state is None:
-        return _decode(tree, tensors)
-    with torch.no_grad():
-        for dst, tmp in after:
-            dst.copy_(tmp)
-    for name, obj in list(state.items()):
-        if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
-            continue
-        value = _decode(tree[name], tensors)
-        if _state_dict_of(obj) is not None and hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(value)
-        else:
-            state[name] = value
-    return state
+        glob, offset = boxes.get(key, (shape, [0] * len(shape)))
+        targets.append((key, _DTYPES[t.dtype], glob, shape, offset, t.data_ptr()))
+    return targets, tensors, after, tree, unasked
 
 
 def info(directory, *, step=None):

@@ -29,6 +29,11 @@ would, then keeps its shard. With the same ``torch.manual_seed`` a model
 built with tp = N therefore starts exactly as the same model built with
 tp = 1 (or ``group=None``, which means one rank and no communication).
 
+Checkpoints: each sharded parameter carries ``tensor_parallel_sharding =
+(dim, index, count)`` (see :func:`tensor_sharding`), so
+``strata.checkpoint.save(..., world=world)`` writes the global tensor once
+and ``load`` reshards it to another tp size.
+
 Gradients are complete after ``backward()``: parameters replicated across
 the tp group but applied to token shards under sequence parallelism (layer
 norms, the row-parallel bias under skip_bias_add, position embeddings) have
@@ -53,6 +58,7 @@ __all__ = [
     "ParallelTransformerBlock",
     "ParallelGPT",
     "tp_group",
+    "tensor_sharding",
 ]
 
 
@@ -90,6 +96,24 @@ def _linear_init(out_features, in_features, bias):
 def _param(t, dtype, device):
     return torch.nn.Parameter(t.to(device=device, dtype=dtype or torch.get_default_dtype())
                               .contiguous())
+
+
+def _mark_sharded(param, dim, group):
+    """Records on ``param`` that it is this rank's contiguous shard of a
+    tensor split along ``dim`` over ``group`` (strata.checkpoint reads it to
+    save the global tensor and to reshard on load)."""
+    param.tensor_parallel_sharding = (dim, C.rank_of(group), C.size_of(group))
+
+
+def tensor_sharding(module):
+    """{local parameter name: (dim, index, count)} for the parameters of
+    ``module`` (and its children) that are shards of a larger tensor: the
+    global tensor is the ``count`` shards concatenated along ``dim``, this
+    rank holding shard ``index``. Parameters not listed are whole (and
+    replicated over tp). Names are those of ``module.named_parameters()``."""
+    return {name: p.tensor_parallel_sharding
+            for name, p in module.named_parameters(remove_duplicate=False)
+            if getattr(p, "tensor_parallel_sharding", None) is not None}
 
 
 def _rows2d(t):
@@ -211,8 +235,10 @@ class ColumnParallelLinear(torch.nn.Module):
         local = out_features // n
         start = C.rank_of(self.group) * local
         self.weight = _param(w[start:start + local], dtype, device)
+        _mark_sharded(self.weight, 0, self.group)
         if bias:
             self.bias = _param(b[start:start + local], dtype, device)
+            _mark_sharded(self.bias, 0, self.group)
         else:
             self.register_parameter("bias", None)
 
@@ -259,6 +285,7 @@ class RowParallelLinear(torch.nn.Module):
         local = in_features // n
         start = C.rank_of(self.group) * local
         self.weight = _param(w[:, start:start + local], dtype, device)
+        _mark_sharded(self.weight, 1, self.group)
         if bias:
             self.bias = _param(b, dtype, device)
         else:
@@ -304,6 +331,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.vocab_start = C.rank_of(self.group) * local
         self.vocab_end = self.vocab_start + local
         self.weight = _param(full[self.vocab_start:self.vocab_end], dtype, device)
+        _mark_sharded(self.weight, 0, self.group)
 
     def forward(self, ids):
         if ids.dtype not in (torch.int64, torch.int32):

@@ -8,15 +8,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <mutex>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/internal/commit.h"
 #include "checkpoint/internal/file_util.h"
-#include "checkpoint/internal/manifest_internal.h"
 #include "checkpoint/internal/rank_writer.h"
+#include "checkpoint/internal/save_protocol.h"
 #include "checkpoint/internal/staging.h"
 #include "strata/base/status.h"
 
@@ -57,6 +57,11 @@ absl::Status ValidateOptions(const CheckpointOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("staging_threads ", o.staging_threads, " is outside [0, 256]"));
   }
+  if (o.comm != nullptr && o.split_from != nullptr) {
+    return absl::InvalidArgumentError(
+        "CheckpointOptions: set comm (a dedicated communicator) or split_from (one to split a "
+        "dedicated communicator from), not both");
+  }
   if (o.busy_timeout < absl::ZeroDuration() || o.commit_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("busy_timeout must be >= 0 and commit_timeout > 0");
   }
@@ -67,7 +72,9 @@ absl::Status ValidateOptions(const CheckpointOptions& o) {
 
 class Checkpointer::Impl {
  public:
-  explicit Impl(const CheckpointOptions& options) : opts_(options) {
+  Impl(const CheckpointOptions& options, std::unique_ptr<Communicator> owned_comm)
+      : opts_(options), owned_comm_(std::move(owned_comm)) {
+    if (owned_comm_ != nullptr) opts_.comm = owned_comm_.get();
     if (opts_.comm != nullptr) {
       rank_ = opts_.comm->rank();
       world_ = opts_.comm->size();
@@ -80,6 +87,15 @@ class Checkpointer::Impl {
     threads_ = opts_.staging_threads > 0
                    ? opts_.staging_threads
                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+    ctx_.root = opts_.directory;
+    ctx_.comm = opts_.comm;
+    ctx_.rank = rank_;
+    ctx_.world_size = world_;
+    ctx_.keep_last = opts_.keep_last;
+    ctx_.commit_timeout = opts_.commit_timeout;
+    ctx_.hook = opts_.test_hook;
+    ctx_.cancel = &cancel_;
+    ctx_.warn = opts_.warn;
     writer_ = std::thread([this] { WriterLoop(); });
   }
 
@@ -87,7 +103,7 @@ class Checkpointer::Impl {
     if (!Close(absl::Now() + opts_.commit_timeout).ok()) {
       // Still in flight past the deadline: cancel it (it will not commit)
       // and wait for the writer to notice, bounded by one write or one
-      // agreement deadline.
+      // agreement deadline per queued job.
       cancel_.store(true);
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [this] { return Idle(); });
@@ -95,6 +111,7 @@ class Checkpointer::Impl {
       cv_.notify_all();
     }
     if (writer_.joinable()) writer_.join();
+    // The owned communicator goes after the writer that used it.
   }
 
   absl::Status Save(const SaveRequest& request) {
@@ -108,27 +125,29 @@ class Checkpointer::Impl {
     {
       std::unique_lock<std::mutex> l(mu_);
       if (closed_) return absl::FailedPreconditionError(Closed());
-      STRATA_RETURN_IF_ERROR(ReportPendingLocked(&to_warn));
-      if (!comm_failure_.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the checkpoint communicator failed in an earlier save (", comm_failure_.message(),
-            "); its ranks may no longer agree on the order of collectives: create a new "
-            "Checkpointer with a new communicator"));
+      if (!comm_failure_.ok()) return CommFailedLocked();
+      if (absl::Status s = ReportPendingLocked(&to_warn); !s.ok()) {
+        return VoteLocked(request.step, s);
       }
       if (in_flight_) {
         if (opts_.on_busy == BusyPolicy::kRefuse) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("save of step ", request.step, " refused: the save of step ",
-                           step_in_flight_, " is still in flight (on_busy = refuse)"));
+          return VoteLocked(request.step,
+                            absl::FailedPreconditionError(absl::StrCat(
+                                "save of step ", request.step, " refused: the save of step ",
+                                step_in_flight_, " is still in flight (on_busy = refuse)")));
         }
         if (!WaitUntil(l, absl::Now() + opts_.busy_timeout, [this] { return IdleOrClosed(); })) {
-          return absl::DeadlineExceededError(
-              absl::StrCat("save of step ", request.step, ": the save of step ", step_in_flight_,
-                           " was still in flight after busy_timeout ",
-                           absl::FormatDuration(opts_.busy_timeout)));
+          return VoteLocked(request.step,
+                            absl::DeadlineExceededError(absl::StrCat(
+                                "save of step ", request.step, ": the save of step ",
+                                step_in_flight_, " was still in flight after busy_timeout ",
+                                absl::FormatDuration(opts_.busy_timeout))));
         }
         if (closed_) return absl::FailedPreconditionError(Closed());
-        STRATA_RETURN_IF_ERROR(ReportPendingLocked(&to_warn));
+        if (!comm_failure_.ok()) return CommFailedLocked();
+        if (absl::Status s = ReportPendingLocked(&to_warn); !s.ok()) {
+          return VoteLocked(request.step, s);
+        }
       }
       in_flight_ = true;
       state_ = SaveStatus::State::kStaging;
@@ -143,14 +162,27 @@ class Checkpointer::Impl {
       in_flight_ = false;
       state_ = SaveStatus::State::kIdle;
       step_in_flight_ = -1;
-      return st;
+      return VoteLocked(request.step, st);
     }
-    job_ = std::move(plan);
+    Job job;
+    job.step = request.step;
+    job.plan = std::move(plan);
+    queue_.push_back(std::move(job));
     state_ = SaveStatus::State::kWriting;
     last_ = SaveStats{};
     last_.step = request.step;
     last_.staging_seconds = Seconds(start);
     return absl::OkStatus();
+  }
+
+  absl::Status Abandon(int64_t step, const absl::Status& reason) {
+    const absl::Status why =
+        reason.ok() ? absl::UnknownError(absl::StrCat("save of step ", step, " abandoned"))
+                    : reason;
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return absl::FailedPreconditionError(Closed());
+    if (!comm_failure_.ok()) return CommFailedLocked();
+    return VoteLocked(step, why);
   }
 
   absl::Status Wait(absl::Time deadline) {
@@ -197,10 +229,17 @@ class Checkpointer::Impl {
   }
 
  private:
+  // A save for the writer: a staged plan, or (plan null) a failing vote.
+  struct Job {
+    int64_t step = 0;
+    std::unique_ptr<checkpoint_internal::SavePlan> plan;
+    absl::Status vote;
+  };
+
   // Predicates; called with mu_ held.
-  bool Idle() const { return !in_flight_; }
+  bool Idle() const { return !in_flight_ && queue_.empty() && !running_; }
   bool IdleOrClosed() const { return !in_flight_ || closed_; }
-  bool JobOrStop() const { return job_ != nullptr || stop_; }
+  bool JobOrStop() const { return !queue_.empty() || stop_; }
 
   // Waits on cv_ until `pred` holds (true) or `deadline` passes (false).
   template <typename Pred>
@@ -215,6 +254,26 @@ class Checkpointer::Impl {
 
   std::string Closed() const {
     return absl::StrCat("the checkpointer for '", opts_.directory, "' is closed");
+  }
+
+  absl::Status CommFailedLocked() const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint communicator failed in an earlier save (", comm_failure_.message(),
+        "); its ranks may no longer agree on the order of collectives: create a new "
+        "Checkpointer with a new communicator"));
+  }
+
+  // With a communicator, queues this rank's failing vote for `step` (cast by
+  // the writer after the jobs before it); returns `why`.
+  absl::Status VoteLocked(int64_t step, const absl::Status& why) {
+    if (opts_.comm != nullptr) {
+      Job job;
+      job.step = step;
+      job.vote = why;
+      queue_.push_back(std::move(job));
+      cv_.notify_all();
+    }
+    return why;
   }
 
   // Reports a failed background save per on_failure: an error return means
@@ -258,121 +317,56 @@ class Checkpointer::Impl {
   void WriterLoop() {
     if (opts_.io_priority == IoPriority::kLow) LowerIoPriority();
     while (true) {
-      std::unique_ptr<checkpoint_internal::SavePlan> job;
+      Job job;
       {
         std::unique_lock<std::mutex> l(mu_);
         cv_.wait(l, [this] { return JobOrStop(); });
-        if (job_ == nullptr) return;  // stop_ and nothing left to write
-        job = std::move(job_);
+        if (queue_.empty()) return;  // stop_ and nothing left to do
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        running_ = true;
+      }
+      if (job.plan == nullptr) {
+        const checkpoint_internal::ProtocolResult r =
+            checkpoint_internal::CastFailureVote(ctx_, job.step, job.vote);
+        std::lock_guard<std::mutex> l(mu_);
+        if (r.comm_failed) comm_failure_ = r.status;
+        running_ = false;
+        cv_.notify_all();
+        continue;
       }
       SaveStats stats;
-      absl::Status st = RunSave(*job, &stats);
+      const checkpoint_internal::ProtocolResult r =
+          checkpoint_internal::RunSaveProtocol(ctx_, *job.plan, staging_.data(), &stats);
       std::lock_guard<std::mutex> l(mu_);
       cv_.notify_all();
       last_.write_seconds = stats.write_seconds;
       last_.commit_seconds = stats.commit_seconds;
       last_.bytes_written = stats.bytes_written;
       last_.files_written = stats.files_written;
-      if (st.ok()) {
-        last_committed_ = job->step;
+      if (r.status.ok()) {
+        last_committed_ = job.step;
       } else {
-        if (comm_failed_.load()) comm_failure_ = st;
-        pending_ = internal::Annotate(st, absl::StrCat("background save of step ", job->step,
-                                                       " to '", opts_.directory, "' failed"));
+        if (r.comm_failed) comm_failure_ = r.status;
+        pending_ = internal::Annotate(r.status, absl::StrCat("background save of step ", job.step,
+                                                             " to '", opts_.directory, "' failed"));
       }
       in_flight_ = false;
+      running_ = false;
       state_ = SaveStatus::State::kIdle;
       step_in_flight_ = -1;
     }
   }
 
-  // An agreement; a failure of the collective itself (not a rank voting
-  // "failed") poisons the communicator for later saves.
-  absl::StatusOr<checkpoint_internal::Agreement> Agree(bool ok, absl::string_view phase) {
-    absl::StatusOr<checkpoint_internal::Agreement> a =
-        checkpoint_internal::Agree(opts_.comm, ok, absl::Now() + opts_.commit_timeout, phase);
-    if (!a.ok()) comm_failed_.store(true);
-    return a;
-  }
-
-  absl::Status Hook(absl::string_view point) {
-    if (cancel_.load())
-      return absl::CancelledError(absl::StrCat("save cancelled (at ", point, ")"));
-    return opts_.test_hook ? opts_.test_hook(point) : absl::OkStatus();
-  }
-
-  // The writer's part of a save: the protocol of commit.h.
-  absl::Status RunSave(const checkpoint_internal::SavePlan& plan, SaveStats* stats) {
-    namespace ci = checkpoint_internal;
-    const std::string& root = opts_.directory;
-    const bool coordinator = rank_ == 0;
-    const absl::Time start = absl::Now();
-
-    absl::Status prepared =
-        coordinator ? ci::PrepareStepDirectory(root, plan.step) : absl::OkStatus();
-    STRATA_ASSIGN_OR_RETURN(ci::Agreement a, Agree(prepared.ok(), "prepare"));
-    STRATA_RETURN_IF_ERROR(prepared);
-    if (!a.all_ok) {
-      return absl::AbortedError(absl::StrCat(
-          "rank ", a.first_failed_rank, " could not prepare the directory of step ", plan.step));
-    }
-    const std::string tmp = JoinPath(root, ci::TmpDirectoryName(plan.step));
-    absl::Status wrote = Hook("prepared");
-    if (wrote.ok()) {
-      ci::WriteControl control;
-      control.hook = [this](absl::string_view p) { return Hook(p); };
-      control.cancel = &cancel_;
-      absl::StatusOr<Manifest> frag = ci::WriteRankFiles(plan, staging_.data(), tmp, control);
-      wrote = frag.status();
-      if (frag.ok()) {
-        for (const ManifestFile& f : frag->files) stats->bytes_written += f.size;
-        stats->files_written = static_cast<int>(frag->files.size());
-        absl::StatusOr<std::string> text = ci::SerializeManifestUnvalidated(*frag);
-        wrote = text.ok() ? ci::WriteNewFile(JoinPath(tmp, ci::FragmentFileName(rank_)), *text)
-                          : text.status();
-      }
-    }
-    stats->write_seconds = Seconds(start);
-    const absl::Time commit_start = absl::Now();
-    STRATA_ASSIGN_OR_RETURN(a, Agree(wrote.ok(), "write"));
-    if (!wrote.ok() || !a.all_ok) {
-      if (coordinator) (void)ci::RemoveTree(tmp);  // nothing of this save stays
-      STRATA_RETURN_IF_ERROR(wrote);
-      return absl::AbortedError(absl::StrCat("rank ", a.first_failed_rank,
-                                             " failed to write its shards of step ", plan.step,
-                                             "; the save was abandoned"));
-    }
-    absl::Status committed = absl::OkStatus();
-    if (coordinator) {
-      committed = Hook("agreed");
-      if (committed.ok()) {
-        committed = ci::CommitStep(root, plan.step, world_,
-                                   [this](absl::string_view p) { return Hook(p); });
-      }
-      if (!committed.ok() && !ci::PathExists(JoinPath(root, StepDirectoryName(plan.step)))) {
-        (void)ci::RemoveTree(tmp);
-      }
-    }
-    STRATA_ASSIGN_OR_RETURN(a, Agree(committed.ok(), "commit"));
-    STRATA_RETURN_IF_ERROR(committed);
-    if (!a.all_ok) {
-      return absl::AbortedError(
-          absl::StrCat("the commit of step ", plan.step, " failed on rank ", a.first_failed_rank));
-    }
-    if (coordinator) {
-      for (const absl::Status& s : ci::ApplyRetention(root, opts_.keep_last)) opts_.warn(s);
-    }
-    stats->commit_seconds = Seconds(commit_start);
-    return absl::OkStatus();
-  }
-
   CheckpointOptions opts_;
+  // The communicator split off opts_.split_from (destroyed after the
+  // writer thread is joined).
+  std::unique_ptr<Communicator> owned_comm_;
   int rank_ = 0;
   int world_ = 1;
   int threads_ = 1;
+  checkpoint_internal::ProtocolContext ctx_;
   std::atomic<bool> cancel_{false};
-  // Set by the writer when an agreement itself failed (deadline, lost peer).
-  std::atomic<bool> comm_failed_{false};
 
   // std::mutex rather than absl::Mutex: the system abseil is not built with
   // TSan, which then cannot see its happens-before edges.
@@ -381,16 +375,18 @@ class Checkpointer::Impl {
   // Guarded by mu_:
   bool closed_ = false;
   bool stop_ = false;
-  bool in_flight_ = false;
+  bool in_flight_ = false;  // a save between Save() and the end of its write
+  bool running_ = false;    // the writer is working on a job
   SaveStatus::State state_ = SaveStatus::State::kIdle;
   int64_t step_in_flight_ = -1;
   int64_t last_committed_ = -1;
   absl::Status pending_;
+  // Set when an agreement itself failed (deadline, lost peer).
   absl::Status comm_failure_;
   SaveStats last_;
   uint64_t staging_capacity_ = 0;
   int staging_allocations_ = 0;
-  std::unique_ptr<checkpoint_internal::SavePlan> job_;
+  std::deque<Job> queue_;
 
   // Used by Save() while staging and by the writer while writing; never at
   // once (in_flight_ hands it over under mu_).
@@ -401,13 +397,29 @@ class Checkpointer::Impl {
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     const CheckpointOptions& options) {
   STRATA_RETURN_IF_ERROR(ValidateOptions(options));
-  return std::unique_ptr<Checkpointer>(new Checkpointer(std::make_unique<Impl>(options)));
+  std::unique_ptr<Communicator> owned;
+  if (options.split_from != nullptr) {
+    CommOptions co;
+    co.name = "checkpoint";
+    co.timeout = options.commit_timeout;
+    absl::StatusOr<std::unique_ptr<Communicator>> split =
+        options.split_from->Split(0, options.split_from->rank(), co);
+    if (!split.ok()) {
+      return internal::Annotate(split.status(), "creating the checkpoint communicator");
+    }
+    owned = std::move(split).value();
+  }
+  return std::unique_ptr<Checkpointer>(
+      new Checkpointer(std::make_unique<Impl>(options, std::move(owned))));
 }
 
 Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Checkpointer::~Checkpointer() = default;
 
 absl::Status Checkpointer::Save(const SaveRequest& request) { return impl_->Save(request); }
+absl::Status Checkpointer::Abandon(int64_t step, const absl::Status& reason) {
+  return impl_->Abandon(step, reason);
+}
 absl::Status Checkpointer::Wait(absl::Time deadline) { return impl_->Wait(deadline); }
 SaveStatus Checkpointer::status() const { return impl_->status(); }
 absl::Status Checkpointer::Close(absl::Time deadline) { return impl_->Close(deadline); }

@@ -5,8 +5,10 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "checkpoint/internal/agreement.h"
 #include "checkpoint/internal/commit.h"
 #include "checkpoint/internal/file_util.h"
 #include "strata/base/status.h"
@@ -57,6 +59,10 @@ absl::Status ValidateLoadOptions(const LoadOptions& o) {
   if (o.read_buffer_bytes < 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("read_buffer_bytes ", o.read_buffer_bytes, " is below 4096"));
+  }
+  if (o.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadOptions timeout ", absl::FormatDuration(o.timeout), " is not positive"));
   }
   return absl::OkStatus();
 }
@@ -139,9 +145,10 @@ absl::StatusOr<int64_t> LatestCheckpointStep(const std::string& directory) {
   return *latest;
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
-    const LoadOptions& options) {
-  STRATA_RETURN_IF_ERROR(ValidateLoadOptions(options));
+namespace {
+
+// The manifest of the step `options` names, as text, read by one rank.
+absl::StatusOr<std::string> ReadManifestText(const LoadOptions& options) {
   int64_t step = options.step;
   if (step < 0) {
     STRATA_ASSIGN_OR_RETURN(step, LatestCheckpointStep(options.directory));
@@ -160,10 +167,50 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
         absl::StrCat("checkpoint directory '", step_dir,
                      "' has no manifest.json: it is not a complete checkpoint"));
   }
-  const ManifestLimits limits;
-  STRATA_ASSIGN_OR_RETURN(std::string text, ci::ReadSmallFile(path, limits.max_bytes));
+  STRATA_ASSIGN_OR_RETURN(std::string text, ci::ReadSmallFile(path, ManifestLimits{}.max_bytes));
+  // The step travels inside the text: "<step>\n<manifest>".
+  return absl::StrCat(step, "\n", text);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const LoadOptions& options) {
+  absl::Status valid = ValidateLoadOptions(options);
+  std::string text;
+  if (options.comm == nullptr) {
+    STRATA_RETURN_IF_ERROR(valid);
+    STRATA_ASSIGN_OR_RETURN(text, ReadManifestText(options));
+  } else {
+    Communicator& comm = *options.comm;
+    const absl::Duration timeout = valid.ok() ? options.timeout : absl::Minutes(1);
+    STRATA_ASSIGN_OR_RETURN(ci::Agreement a,
+                            ci::Agree(&comm, valid, absl::Now() + timeout, "open: options"));
+    STRATA_RETURN_IF_ERROR(ci::AgreedFailure(a, comm.rank(), "was given bad LoadOptions"));
+    absl::Status read = absl::OkStatus();
+    if (comm.rank() == 0) {
+      absl::StatusOr<std::string> t = ReadManifestText(options);
+      read = t.status();
+      if (t.ok()) text = std::move(*t);
+    }
+    STRATA_RETURN_IF_ERROR(ci::BroadcastStatusAndText(comm, 0, &read, &text, absl::Now() + timeout,
+                                                      "open: the manifest from rank 0"));
+    if (!read.ok()) {
+      if (comm.rank() == 0) return read;
+      return absl::Status(read.code(),
+                          absl::StrCat("rank 0 could not open the checkpoint: ", read.message()));
+    }
+  }
+  const size_t nl = text.find('\n');
+  int64_t step = -1;
+  if (nl == std::string::npos || !absl::SimpleAtoi(absl::string_view(text).substr(0, nl), &step)) {
+    return absl::DataLossError("the manifest sent by rank 0 is garbled");
+  }
+  const std::string step_dir = ci::JoinPath(options.directory, StepDirectoryName(step));
+  const std::string path = ci::JoinPath(step_dir, kManifestFileName);
   STRATA_ASSIGN_OR_RETURN(Manifest m,
-                          ParseManifest(text, absl::StrCat("manifest '", path, "'"), limits));
+                          ParseManifest(absl::string_view(text).substr(nl + 1),
+                                        absl::StrCat("manifest '", path, "'"), ManifestLimits{}));
   if (m.step != step) {
     return absl::DataLossError(absl::StrCat("manifest '", path, "' says step ", m.step,
                                             " but lies in the directory of step ", step));
@@ -171,19 +218,58 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(options, step_dir, std::move(m)));
 }
 
+struct CheckpointReader::Job {
+  const TensorTarget* target;
+  const ManifestTensor* saved;
+  std::vector<CopySegment> segments;
+};
+
 absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget> targets) const {
   LoadReport report;
   report.step = manifest_.step;
-  const bool strict = options_.matching == KeyMatching::kStrict;
-  const bool verify = options_.verify == ChecksumVerification::kVerify;
-
-  // 1. Match every target against the manifest before touching any data.
-  struct Job {
-    const TensorTarget* target;
-    const ManifestTensor* saved;
-    std::vector<CopySegment> segments;
-  };
+  Communicator* comm = options_.comm;
+  // asked[i]: some target is manifest_.tensors[i] (on any rank, after the
+  // allreduce).
+  std::vector<uint8_t> asked(manifest_.tensors.size(), 0);
   std::vector<Job> jobs;
+  absl::Status matched = Match(targets, &jobs, &asked, &report);
+  if (comm != nullptr) {
+    // Every rank takes part even when its own matching failed, so the
+    // sequence of collectives is the same everywhere.
+    STRATA_RETURN_IF_ERROR(ci::AllReduceMaxBytes(*comm, &asked, absl::Now() + options_.timeout,
+                                                 "load: the tensors the ranks ask for"));
+  }
+  for (size_t i = 0; i < asked.size(); ++i) {
+    if (asked[i] == 0) report.unexpected.push_back(manifest_.tensors[i].key);
+  }
+  if (matched.ok() && options_.matching == KeyMatching::kStrict && !report.unexpected.empty()) {
+    matched = absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint step ", manifest_.step, " has ", report.unexpected.size(), " tensor(s) ",
+        comm != nullptr ? "no rank asked for: " : "nothing asked for: ", KeyList(report.unexpected),
+        " (lenient matching ignores them)"));
+  }
+  if (comm != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(
+        ci::Agreement a, ci::Agree(comm, matched, absl::Now() + options_.timeout, "load: match"));
+    STRATA_RETURN_IF_ERROR(
+        ci::AgreedFailure(a, comm->rank(), "could not match its targets with the checkpoint"));
+  } else {
+    STRATA_RETURN_IF_ERROR(matched);
+  }
+  absl::Status read = Read(jobs, &report);
+  if (comm != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(ci::Agreement a,
+                            ci::Agree(comm, read, absl::Now() + options_.timeout, "load: read"));
+    STRATA_RETURN_IF_ERROR(ci::AgreedFailure(a, comm->rank(), "failed to load its shards"));
+  } else {
+    STRATA_RETURN_IF_ERROR(read);
+  }
+  return report;
+}
+
+absl::Status CheckpointReader::Match(absl::Span<const TensorTarget> targets, std::vector<Job>* jobs,
+                                     std::vector<uint8_t>* asked, LoadReport* report) const {
+  const bool strict = options_.matching == KeyMatching::kStrict;
   std::set<absl::string_view> wanted;
   for (const TensorTarget& t : targets) {
     STRATA_RETURN_IF_ERROR_CTX(ValidateShard(t.shard), "loading step ", manifest_.step);
@@ -197,9 +283,10 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
     }
     const ManifestTensor* saved = manifest_.FindTensor(t.shard.key);
     if (saved == nullptr) {
-      report.missing.push_back(t.shard.key);
+      report->missing.push_back(t.shard.key);
       continue;
     }
+    (*asked)[static_cast<size_t>(saved - manifest_.tensors.data())] = 1;
     if (saved->dtype != t.shard.dtype) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor '", t.shard.key, "': dtype mismatch: the checkpoint (step ", manifest_.step,
@@ -211,23 +298,14 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
                        manifest_.step, ") has global shape ", Dims(saved->shape),
                        ", the target has ", Dims(t.shard.global_shape)));
     }
-    jobs.push_back({&t, saved, {}});
+    jobs->push_back({&t, saved, {}});
   }
-  for (const ManifestTensor& t : manifest_.tensors) {
-    if (wanted.count(t.key) == 0) report.unexpected.push_back(t.key);
-  }
-  if (strict && !report.missing.empty()) {
+  if (strict && !report->missing.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        report.missing.size(), " tensor(s) missing from checkpoint step ", manifest_.step, " in '",
-        step_dir_, "': ", KeyList(report.missing), " (lenient matching skips them)"));
+        report->missing.size(), " tensor(s) missing from checkpoint step ", manifest_.step, " in '",
+        step_dir_, "': ", KeyList(report->missing), " (lenient matching skips them)"));
   }
-  if (strict && !report.unexpected.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint step ", manifest_.step, " has ", report.unexpected.size(),
-                     " tensor(s) nothing asked for: ", KeyList(report.unexpected),
-                     " (lenient matching ignores them)"));
-  }
-  for (Job& j : jobs) {
+  for (Job& j : *jobs) {
     std::vector<TensorBox> boxes;
     boxes.reserve(j.saved->shards.size());
     for (const ManifestShard& s : j.saved->shards) boxes.push_back({s.offset, s.shape});
@@ -239,8 +317,12 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
     }
     j.segments = std::move(*plan);
   }
+  return absl::OkStatus();
+}
 
-  // 2. Read what each target needs, shard by shard.
+absl::Status CheckpointReader::Read(const std::vector<Job>& jobs, LoadReport* report) const {
+  const bool verify = options_.verify == ChecksumVerification::kVerify;
+  // Read what each target needs, shard by shard.
   FileCache files(step_dir_, manifest_);
   const uint64_t chunk = manifest_.chunk_bytes;
   uint64_t piece_bytes = options_.read_buffer_bytes;
@@ -256,7 +338,7 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
       const ManifestShard& sh = j.saved->shards[segs[0].source];
       lo = hi;
       const uint64_t shard_bytes = sh.end - sh.begin;
-      STRATA_ASSIGN_OR_RETURN(const ci::File* file, files.Get(sh.file, &report));
+      STRATA_ASSIGN_OR_RETURN(const ci::File* file, files.Get(sh.file, report));
       // Byte ranges of the shard this target needs.
       std::vector<Interval> iv;
       for (const CopySegment& s : segs) {
@@ -296,7 +378,7 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
             buf = scratch.data();
           }
           STRATA_RETURN_IF_ERROR(ci::ReadFully(file->fd(), file->path(), buf, q - p, sh.begin + p));
-          report.bytes_read += q - p;
+          report->bytes_read += q - p;
           if (verify) {
             for (uint64_t c = p; c < q; c += chunk) {
               const uint64_t n = std::min(chunk, q - c);
@@ -312,7 +394,7 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
                                  "): expected ", ChecksumAlgorithmName(manifest_.checksum), " ",
                                  want, ", got ", got, "; the file is corrupt"));
               }
-              report.bytes_verified += n;
+              report->bytes_verified += n;
             }
           }
           if (direct == nullptr) {
@@ -335,7 +417,7 @@ absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget>
       }
     }
   }
-  return report;
+  return absl::OkStatus();
 }
 
 }  // namespace strata

@@ -234,7 +234,7 @@ def test_errors_name_what_is_wrong(tmp_path):
         ckpt.save({"model": model}, tmp_path, step=1)
     with pytest.raises(strata.CheckpointError, match="on_busy 'sometimes'"):
         ckpt.AsyncCheckpointer(tmp_path, on_busy="sometimes")
-    with pytest.raises(NotImplementedError, match="world="):
+    with pytest.raises(strata.CheckpointError, match="world must be a strata.World.*builtins.object"):
         ckpt.save({"model": model}, tmp_path, step=3, world=object())
     data = next((tmp_path / "step-1").glob("*.safetensors"))
     raw = bytearray(data.read_bytes())
@@ -259,3 +259,16 @@ def test_cuda_tensors_are_staged_through_pinned_memory(tmp_path):
     target = {"w": torch.empty(1 << 20, device="cuda"), "cpu": torch.zeros(3)}
     ckpt.load(tmp_path, target)
     assert torch.equal(target["w"].cpu(), expected)
+
+
+def test_tensor_parallel_layers_mark_their_shards():
+    import strata.nn as snn
+    col = snn.ColumnParallelLinear(4, 6, group=None)
+    row = snn.RowParallelLinear(6, 4, group=None)
+    emb = snn.VocabParallelEmbedding(8, 4, group=None)
+    assert snn.tensor_sharding(col) == {"weight": (0, 0, 1), "bias": (0, 0, 1)}
+    assert snn.tensor_sharding(row) == {"weight": (1, 0, 1)}  # the bias is whole
+    assert snn.tensor_sharding(emb) == {"weight": (0, 0, 1)}
+    model = torch.nn.Sequential(col, torch.nn.LayerNorm(6), row)
+    assert snn.tensor_sharding(model) == {"0.weight": (0, 0, 1), "0.bias": (0, 0, 1),
+                                          "2.weight": (1, 0, 1)}

@@ -27,9 +27,18 @@
 //   ... training continues and may change w ...
 //   STRATA_RETURN_IF_ERROR((*ckpt)->Wait(absl::Now() + absl::Minutes(5)));
 //
-// With a communicator (multi-rank), every rank calls Save() with the same
-// step and its own shards; the communicator must be used by checkpointing
-// only, so its collectives cannot interleave with training's.
+// Multi-rank: every rank creates a Checkpointer and calls Save() with the
+// same step and its own shards. The checkpointer needs a communicator of its
+// own, so the writer's agreements cannot interleave with training's
+// collectives: set split_from (usually &world->root()) and Create() splits
+// one off (collectively) and owns it, or pass a dedicated one in comm.
+// Every Save() call, even one that fails on this rank, takes part in the
+// save's first agreement, so a rank that cannot save makes the others
+// abandon the save at once (with its reason) rather than wait for
+// commit_timeout.
+//
+//   opts.split_from = &world->root();     // all ranks; the World outlives ckpt
+//   auto ckpt = strata::Checkpointer::Create(opts);
 //
 // Thread-safety: thread-safe; Save, Wait, status and Close may be called
 // from any thread.
@@ -65,9 +74,14 @@ struct STRATA_EXPORT CheckpointOptions {
   int version = kVersion;
   // Root directory: holds step-<N>/ directories and the `latest` pointer.
   std::string directory;
-  // The checkpoint's own communicator (not the training one); null means a
-  // single process.
+  // The checkpoint's own communicator (not the training one, nor one used
+  // by anything else), borrowed: it must outlive the Checkpointer. Null
+  // (with split_from null) means a single process.
   Communicator* comm = nullptr;
+  // Instead of comm: Create() splits a communicator named "checkpoint" with
+  // the same ranks off this one (collective over it, like any Split) and
+  // owns it. The parent must outlive the Checkpointer.
+  Communicator* split_from = nullptr;
   // Committed checkpoints to keep (0 keeps all).
   int keep_last = 0;
   ChecksumAlgorithm checksum = ChecksumAlgorithm::kXxh3_128;
@@ -137,7 +151,8 @@ struct STRATA_EXPORT SaveStatus {
 class STRATA_EXPORT Checkpointer {
  public:
   // InvalidArgument for bad options (empty directory, chunk_bytes out of
-  // range, negative keep_last, ...).
+  // range, negative keep_last, both comm and split_from, ...); the split's
+  // error when split_from is set and the split fails.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(const CheckpointOptions& options);
   // Waits for a save in flight (up to commit_timeout), then stops the
   // writer; a save still running then is cancelled (it never commits).
@@ -151,8 +166,16 @@ class STRATA_EXPORT Checkpointer {
   // (step committed already), FailedPrecondition (closed, or busy under
   // kRefuse), DeadlineExceeded (busy past busy_timeout), or the failure of
   // the previous background save under kReturnError (this save is then not
-  // started).
+  // started). With a communicator, a save that fails here still votes
+  // "failed" in the save's first agreement (in the background, after the
+  // save in flight), so the other ranks' save of this step fails promptly.
   absl::Status Save(const SaveRequest& request);
+  // For a rank that cannot even build its request for `step` (its trainer
+  // failed to collect the state): with a communicator, votes "failed" with
+  // `reason` in the save's first agreement, as a failing Save() does, so
+  // the other ranks abandon the save promptly. Returns `reason` (or
+  // FailedPrecondition when closed).
+  absl::Status Abandon(int64_t step, const absl::Status& reason);
   // Waits until no save is in flight; returns the failure of the last save
   // (once) or OK. DeadlineExceeded if a save is still in flight at
   // `deadline`.

@@ -31,8 +31,22 @@
 //                          w.data()};
 //   auto report = (*reader)->Load({t});
 //
-// Thread-safety: a CheckpointReader is immutable after Open; Load may be
-// called from several threads at once.
+// Multi-rank: with LoadOptions::comm, Open and Load are collective over it
+// (every rank calls them, in the same order, from one thread each). Rank 0
+// resolves `latest` and reads the manifest and sends it to the others (so
+// every rank loads the same step, even while a save commits a newer one,
+// and the file system sees one read of the manifest, not one per rank).
+// Load checks strictness globally: a saved tensor is unexpected only when no
+// rank asked for it, so each rank asks only for its own boxes. Every rank
+// learns the outcome: when Open or Load fails on any rank, it fails on all,
+// with the error of the lowest failing rank (same code; "rank <k> ...:"
+// prepended on the others). Each rank still reads only the bytes its own
+// targets need.
+//
+//   opts.comm = &world->root();   // nothing else may use it during the load
+//
+// Thread-safety: a CheckpointReader is immutable after Open; without a
+// communicator Load may be called from several threads at once.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +56,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "strata/base/export.h"
 #include "strata/checkpoint/manifest.h"
 #include "strata/checkpoint/sharded_tensor.h"
+#include "strata/comm/communicator.h"
 
 namespace strata {
 
@@ -68,6 +84,14 @@ struct STRATA_EXPORT LoadOptions {
   uint64_t read_buffer_bytes = uint64_t{64} << 20;
   // Needed ranges of a shard closer than this are read with one call.
   uint64_t merge_gap_bytes = uint64_t{256} << 10;
+  // Multi-rank load (borrowed; must outlive the reader): Open and Load are
+  // collective over it, strictness is global. No other thread may issue
+  // collectives on it meanwhile (a World's root between training steps is
+  // fine; a checkpointer's own communicator is not). Null: this process
+  // alone.
+  Communicator* comm = nullptr;
+  // Deadline of each collective of Open and Load.
+  absl::Duration timeout = absl::Minutes(10);
 };
 
 // A box to fill: shard.key, dtype, global_shape, local_shape and
@@ -80,10 +104,12 @@ struct STRATA_EXPORT TensorTarget {
 
 struct STRATA_EXPORT LoadReport {
   int64_t step = -1;
-  std::vector<std::string> missing;     // targets not in the checkpoint (lenient)
-  std::vector<std::string> unexpected;  // saved tensors no target asked for (lenient)
-  uint64_t bytes_read = 0;              // from data files
-  uint64_t bytes_verified = 0;          // of those, checked against checksums
+  std::vector<std::string> missing;  // this rank's targets not in the checkpoint (lenient)
+  // Saved tensors no target asked for (lenient); with a communicator, those
+  // no rank asked for.
+  std::vector<std::string> unexpected;
+  uint64_t bytes_read = 0;      // from data files
+  uint64_t bytes_verified = 0;  // of those, checked against checksums
   int files_opened = 0;
 };
 
@@ -102,7 +128,13 @@ class STRATA_EXPORT CheckpointReader {
   absl::StatusOr<LoadReport> Load(absl::Span<const TensorTarget> targets) const;
 
  private:
+  struct Job;
   CheckpointReader(LoadOptions options, std::string step_dir, Manifest manifest);
+  // Load's phases: match the targets with the manifest (no data touched),
+  // then read and assemble.
+  absl::Status Match(absl::Span<const TensorTarget> targets, std::vector<Job>* jobs,
+                     std::vector<uint8_t>* asked, LoadReport* report) const;
+  absl::Status Read(const std::vector<Job>& jobs, LoadReport* report) const;
   LoadOptions options_;
   std::string step_dir_;
   Manifest manifest_;

@@ -73,30 +73,6 @@ absl::StatusOr<std::vector<int64_t>> ListCompleteSteps(const std::string& root) 
   return steps;
 }
 
-absl::StatusOr<Agreement> Agree(Communicator* comm, bool ok, absl::Time deadline,
-                                absl::string_view phase) {
-  Agreement out;
-  if (comm == nullptr) {
-    out.all_ok = ok;
-    out.first_failed_rank = ok ? -1 : 0;
-    return out;
-  }
-  // min over ranks of (ok ? INT32_MAX : rank): INT32_MAX iff all succeeded,
-  // else the lowest failing rank.
-  int32_t value = ok ? std::numeric_limits<int32_t>::max() : comm->rank();
-  OpOptions op;
-  op.timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
-  absl::StatusOr<std::unique_ptr<Work>> work =
-      comm->AllReduce(Buffer::Of(&value, 1), Buffer::Of(&value, 1), ReduceOp::kMin, op);
-  if (!work.ok()) {
-    return internal::Annotate(work.status(), absl::StrCat("checkpoint agreement (", phase, ")"));
-  }
-  STRATA_RETURN_IF_ERROR_CTX((*work)->Wait(deadline), "checkpoint agreement (", phase, ")");
-  out.all_ok = value == std::numeric_limits<int32_t>::max();
-  out.first_failed_rank = out.all_ok ? -1 : value;
-  return out;
-}
-
 absl::Status PrepareStepDirectory(const std::string& root, int64_t step) {
   STRATA_RETURN_IF_ERROR(MakeDirectories(root));
   const std::string final_dir = JoinPath(root, StepDirectoryName(step));

@@ -27,9 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/time.h"
 #include "strata/checkpoint/manifest.h"
-#include "strata/comm/communicator.h"
 
 namespace strata::checkpoint_internal {
 
@@ -43,17 +41,6 @@ std::optional<int64_t> ParseStepDirectoryName(absl::string_view name);
 absl::StatusOr<std::optional<int64_t>> ReadLatest(const std::string& root);
 // Steps with a complete directory (step-<N>/manifest.json), ascending.
 absl::StatusOr<std::vector<int64_t>> ListCompleteSteps(const std::string& root);
-
-// Outcome of an agreement: whether every rank succeeded, and if not the
-// lowest rank that failed.
-struct Agreement {
-  bool all_ok = true;
-  int first_failed_rank = -1;
-};
-// Every rank contributes `ok`; all learn the outcome (an allreduce of one
-// int32). Without a communicator, the outcome is `ok` itself.
-absl::StatusOr<Agreement> Agree(Communicator* comm, bool ok, absl::Time deadline,
-                                absl::string_view phase);
 
 using Hook = std::function<absl::Status(absl::string_view point)>;
 

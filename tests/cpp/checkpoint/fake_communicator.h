@@ -1,7 +1,8 @@
 // An in-process Communicator for tests of the commit protocol: N endpoints,
 // one per "rank", each used by its own thread. Only what the checkpoint
-// agreement needs is implemented (AllReduce of int32/int64 min/max/sum);
-// the rest returns Unimplemented. A collective completes when every rank
+// agreement needs is implemented (AllReduce of int32/int64/uint8
+// min/max/sum, Broadcast of the same dtypes); the rest returns
+// Unimplemented. A collective completes when every rank
 // has issued its n-th collective; Wait() honours its deadline.
 //
 // Thread-safety: endpoints of one hub may be used from different threads.
@@ -42,8 +43,9 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
   }
 
   // Waits for round `seq` to be complete and reduces it.
-  absl::StatusOr<std::vector<int64_t>> Collect(int64_t seq, ReduceOp op, absl::Time deadline,
-                                               const std::string& what) {
+  // With root >= 0 it is a broadcast: the result is root's values.
+  absl::StatusOr<std::vector<int64_t>> Collect(int64_t seq, ReduceOp op, int root,
+                                               absl::Time deadline, const std::string& what) {
     std::unique_lock<std::mutex> l(mu_);
     auto complete = [this, seq] { return rounds_[seq].contributed == size_; };
     const absl::Duration left =
@@ -53,8 +55,8 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
           what, ": deadline passed with ", rounds_[seq].contributed, " of ", size_, " ranks"));
     }
     Round& r = rounds_[seq];
-    std::vector<int64_t> out = r.values[0];
-    for (int i = 1; i < size_; ++i) {
+    std::vector<int64_t> out = r.values[root >= 0 ? static_cast<size_t>(root) : 0];
+    for (int i = 1; i < size_ && root < 0; ++i) {
       for (size_t k = 0; k < out.size(); ++k) {
         const int64_t v = r.values[static_cast<size_t>(i)][k];
         switch (op) {
@@ -82,15 +84,26 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
 
 class FakeWork : public Work {
  public:
-  FakeWork(std::shared_ptr<FakeHub> hub, int64_t seq, ReduceOp op, Buffer recv, std::string what)
-      : hub_(std::move(hub)), seq_(seq), op_(op), recv_(recv), what_(std::move(what)) {}
+  FakeWork(std::shared_ptr<FakeHub> hub, int64_t seq, ReduceOp op, int root, Buffer recv,
+           std::string what)
+      : hub_(std::move(hub)),
+        seq_(seq),
+        op_(op),
+        root_(root),
+        recv_(recv),
+        what_(std::move(what)) {}
   absl::Status Wait(absl::Time deadline) override {
     if (done_) return absl::OkStatus();
-    absl::StatusOr<std::vector<int64_t>> v = hub_->Collect(seq_, op_, deadline, what_);
+    absl::StatusOr<std::vector<int64_t>> v = hub_->Collect(seq_, op_, root_, deadline, what_);
     if (!v.ok()) return v.status();
+    if (v->size() != recv_.count) {
+      return absl::InvalidArgumentError(absl::StrCat(what_, ": ranks passed different counts"));
+    }
     for (size_t i = 0; i < recv_.count; ++i) {
       if (recv_.dtype == DataType::kInt32) {
         static_cast<int32_t*>(recv_.data)[i] = static_cast<int32_t>((*v)[i]);
+      } else if (recv_.dtype == DataType::kUInt8) {
+        static_cast<uint8_t*>(recv_.data)[i] = static_cast<uint8_t>((*v)[i]);
       } else {
         static_cast<int64_t*>(recv_.data)[i] = (*v)[i];
       }
@@ -105,6 +118,7 @@ class FakeWork : public Work {
   std::shared_ptr<FakeHub> hub_;
   int64_t seq_;
   ReduceOp op_;
+  int root_;
   Buffer recv_;
   std::string what_;
   bool done_ = false;
@@ -122,26 +136,29 @@ class FakeComm : public Communicator {
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
                                                   const OpOptions&) override {
-    if (send.count != recv.count || send.dtype != recv.dtype ||
-        (send.dtype != DataType::kInt32 && send.dtype != DataType::kInt64)) {
-      return absl::InvalidArgumentError("fake allreduce: int32/int64 of equal counts only");
-    }
-    std::vector<int64_t> v(send.count);
-    for (size_t i = 0; i < send.count; ++i) {
-      v[i] = send.dtype == DataType::kInt32 ? static_cast<const int32_t*>(send.data)[i]
-                                            : static_cast<const int64_t*>(send.data)[i];
+    if (send.count != recv.count || send.dtype != recv.dtype || !Supported(send.dtype)) {
+      return absl::InvalidArgumentError("fake allreduce: int32/int64/uint8 of equal counts only");
     }
     const int64_t seq = seq_++;
-    hub_->Contribute(seq, rank_, std::move(v));
+    hub_->Contribute(seq, rank_, Values(send));
     return std::unique_ptr<Work>(
-        new FakeWork(hub_, seq, op, recv,
+        new FakeWork(hub_, seq, op, -1, recv,
                      absl::StrCat("allreduce(", ReduceOpName(op), ") #", seq,
                                   " on fake group (rank ", rank_, ")")));
   }
+  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
+                                                  const OpOptions&) override {
+    if (!Supported(buffer.dtype) || root < 0 || root >= size()) {
+      return absl::InvalidArgumentError("fake broadcast: int32/int64/uint8 from a rank only");
+    }
+    const int64_t seq = seq_++;
+    hub_->Contribute(seq, rank_, Values(buffer));
+    return std::unique_ptr<Work>(new FakeWork(
+        hub_, seq, ReduceOp::kSum, root, buffer,
+        absl::StrCat("broadcast(root ", root, ") #", seq, " on fake group (rank ", rank_, ")")));
+  }
 #define STRATA_FAKE_UNIMPLEMENTED(sig) \
   sig override { return absl::UnimplementedError("fake communicator"); }
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer, int,
-                                                                            const OpOptions&))
   STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer, Buffer,
                                                                          ReduceOp, int,
                                                                          const OpOptions&))
@@ -170,6 +187,23 @@ class FakeComm : public Communicator {
   absl::Status AsyncError() override { return absl::OkStatus(); }
 
  private:
+  static bool Supported(DataType t) {
+    return t == DataType::kInt32 || t == DataType::kInt64 || t == DataType::kUInt8;
+  }
+  static std::vector<int64_t> Values(ConstBuffer b) {
+    std::vector<int64_t> v(b.count);
+    for (size_t i = 0; i < b.count; ++i) {
+      if (b.dtype == DataType::kInt32) {
+        v[i] = static_cast<const int32_t*>(b.data)[i];
+      } else if (b.dtype == DataType::kUInt8) {
+        v[i] = static_cast<const uint8_t*>(b.data)[i];
+      } else {
+        v[i] = static_cast<const int64_t*>(b.data)[i];
+      }
+    }
+    return v;
+  }
+
   std::shared_ptr<FakeHub> hub_;
   int rank_;
   int64_t seq_ = 0;  // used by the rank's one checkpoint writer thread

@@ -201,6 +201,7 @@ TEST(MultiRankCheckpointTest, OneRankFailingLeavesNothingBehind) {
   for (int r : {0, 1, 3}) {
     EXPECT_EQ(st[r].code(), absl::StatusCode::kAborted) << st[r];
     EXPECT_THAT(st[r].message(), HasSubstr("rank 2 failed to write"));
+    EXPECT_THAT(st[r].message(), HasSubstr("RESOURCE_EXHAUSTED: disk full on rank 2"));
   }
   EXPECT_FALSE(checkpoint_internal::PathExists(dir / "step-1"));
   EXPECT_FALSE(checkpoint_internal::PathExists(dir / "step-1.tmp"));
@@ -227,6 +228,52 @@ TEST(MultiRankCheckpointTest, RanksThatDisagreeOnATensorAreRefused) {
   st = SaveAll(ranks, 3);
   EXPECT_THAT(st[0].message(), HasSubstr("shards cover 32"));
   EXPECT_FALSE(LatestCheckpointStep(dir.path()).ok());
+}
+
+// A rank whose Save() fails at once (here: a bad request) still votes, so
+// the others abandon the save with its reason instead of waiting for the
+// agreement deadline (an hour here: the test's own 60 s deadline would
+// fail first).
+TEST(MultiRankCheckpointTest, ARankThatCannotStartMakesTheOthersGiveUpAtOnce) {
+  ScratchDir dir;
+  std::vector<Rank> ranks = MakeRanks(
+      3, dir.path(), [](int, CheckpointOptions& o) { o.commit_timeout = absl::Hours(1); });
+  std::vector<std::vector<float>> data(3, std::vector<float>(16, 1.0f));
+  for (int r = 0; r < 3; ++r) {
+    SaveRequest req;
+    req.step = 1;
+    ShardedTensor s = Cut("w", {48}, 0, 3, r);
+    if (r == 1) s.local_shape = {40};  // does not fit: InvalidArgument from Save()
+    req.tensors.push_back({s, data[r].data()});
+    absl::Status saved = ranks[r].ckpt->Save(req);
+    EXPECT_EQ(saved.code(), r == 1 ? absl::StatusCode::kInvalidArgument : absl::StatusCode::kOk)
+        << saved;
+  }
+  for (int r : {0, 2}) {
+    absl::Status s = ranks[r].ckpt->Wait(Soon());
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank 1 could not start the save of step 1 "
+                                       "(INVALID_ARGUMENT: "));
+  }
+  EXPECT_TRUE(ranks[1].ckpt->Wait(Soon()).ok());  // its failure was reported by Save()
+  EXPECT_FALSE(checkpoint_internal::PathExists(dir / "step-1.tmp"));
+  // Abandon() does the same for a rank that could not even build a request;
+  // the ranks stay in step, and the next save commits.
+  for (int r = 0; r < 3; ++r) {
+    SaveRequest req;
+    req.step = 2;
+    req.tensors.push_back({Cut("w", {48}, 0, 3, r), data[r].data()});
+    absl::Status s = r == 2 ? ranks[r].ckpt->Abandon(2, absl::InternalError("no state on rank 2"))
+                            : ranks[r].ckpt->Save(req);
+    EXPECT_EQ(s.ok(), r != 2) << s;
+  }
+  for (int r : {0, 1}) {
+    EXPECT_THAT(ranks[r].ckpt->Wait(Soon()).message(), HasSubstr("no state on rank 2"));
+  }
+  EXPECT_TRUE(ranks[2].ckpt->Wait(Soon()).ok());
+  for (Rank& r : ranks) r.shards = {Cut("w", {48}, 0, 3, &r - ranks.data())};
+  for (const absl::Status& s : SaveAll(ranks, 3)) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(*LatestCheckpointStep(dir.path()), 3);
 }
 
 TEST(MultiRankCheckpointTest, AMissingRankEndsInADeadlineNotAHang) {

@@ -1,0 +1,162 @@
+"""Checkpoints in the strata demo.
+
+During training (examples/demo/train_gpt.py calls ``after_step``), the
+model, its AdamW state, the LR schedule and the step are saved
+asynchronously every ``STRATA_DEMO_CKPT_EVERY`` steps (and at the last
+one): ``save()`` returns once the tensors are staged, and the demo prints
+how long training was blocked. At the last step it also records the loss on
+a fixed batch.
+
+After training, ``reload_and_compare`` builds a world with another tp/dp
+split of the same ranks (dp4 x tp2 instead of dp2 x tp4), loads the last
+checkpoint into a freshly built model (strata reshards every tensor-parallel
+weight and Adam state), and shows that the loss on the same batch matches.
+
+Parameter names are those of the full model (``blocks.<layer index>...``),
+so a checkpoint does not depend on how the model is split.
+"""
+
+import os
+import shutil
+import tempfile
+import time
+
+import torch
+
+import strata
+import strata.checkpoint as ckpt
+import strata.nn as snn
+
+import train_gpt
+
+EVERY = int(os.environ.get("STRATA_DEMO_CKPT_EVERY", "100"))
+TOLERANCE = 1e-4  # relative: tp changes the order of float reductions
+
+
+def _shared_tempdir(world):
+    """A directory made by rank 0 (or $STRATA_DEMO_CKPT_DIR), known to all."""
+    name = os.environ.get("STRATA_DEMO_CKPT_DIR", "")
+    if not name and world.rank == 0:
+        name = tempfile.mkdtemp(prefix="strata-demo-ckpt-")
+    buf = torch.zeros(512, dtype=torch.uint8)
+    if world.rank == 0:
+        raw = list(name.encode())
+        buf[:len(raw)] = torch.tensor(raw, dtype=torch.uint8)
+    world.group("world").broadcast(buf, root=0)
+    return bytes(buf[buf != 0].tolist()).decode()
+
+
+def _split_name(world):
+    name = f"dp{world.group('dp').size} x tp{world.group('tp').size}"
+    pp = world.group("pp").size
+    return name + (f" x pp{pp}" if pp > 1 else "")
+
+
+def fixed_batch_loss(model, seq, loss_fn=None, batch_size=8):
+    """The loss on one fixed batch (the same on every rank); collective over
+    tp (and pp through `loss_fn`, for a pipelined model)."""
+    ids, targets = train_gpt.batch(train_gpt.corpus(), 0, 0, seq, batch_size)
+    if loss_fn is not None:
+        return loss_fn(ids, targets)
+    model.eval()
+    with torch.no_grad():
+        loss = model.loss(ids, targets).item()
+    model.train()
+    return loss
+
+
+class DemoCheckpoints:
+    """Owns the demo's AsyncCheckpointer (collective: every rank makes one)."""
+
+    def __init__(self, world, every=EVERY):
+        self.world = world
+        self.every = every
+        self.directory = _shared_tempdir(world)
+        self.owned = not os.environ.get("STRATA_DEMO_CKPT_DIR")
+        self.saver = ckpt.AsyncCheckpointer(self.directory, world=world, keep_last=2)
+        self.blocked = []  # seconds each save() blocked training
+        self.last_step_saved = None
+        self.reference = None  # (split, loss on the fixed batch at the last step)
+
+    def after_step(self, step, total, model, opt, sched, config, fixed_loss=None):
+        """Saves every `every` steps and at the last one (called by train_gpt).
+        `fixed_loss(ids, targets)` computes the model's loss on a batch (for a
+        pipelined model, through its stages)."""
+        if step % self.every != 0 and step != total:
+            return
+        pp = self.world.group("pp").size
+        if step == total:
+            split = _split_name(self.world)
+            self.reference = (split, self.world.group("tp").size,
+                              fixed_batch_loss(model, config["seq"], fixed_loss))
+        state = {"model": model, "sched": sched, "step": step, "config": config}
+        # Optimizer states are keyed by parameter index, which differs from
+        # stage to stage: with pp > 1 only the model is saved (docs/checkpoint.md).
+        if pp == 1:
+            state["optimizer"] = opt
+        before = self.saver.status()  # the previous save, finished in the background
+        start = time.perf_counter()
+        self.saver.save(state, step=step, optimizer_step=step)
+        blocked = time.perf_counter() - start
+        self.blocked.append(blocked)
+        if self.world.rank == 0:
+            prev = ""
+            if self.last_step_saved is not None:
+                prev = (f"; the previous save (step {self.last_step_saved}) was written and "
+                        f"committed in the background in "
+                        f"{(before['write_seconds'] + before['commit_seconds']) * 1e3:.0f} ms")
+            first = " (the first save allocates the staging buffers)" if len(self.blocked) == 1 \
+                else ""
+            print(f"  checkpoint of step {step} saved asynchronously: training blocked "
+                  f"{blocked * 1e3:.1f} ms{first}{prev}", flush=True)
+        self.last_step_saved = step
+
+    def close(self):
+        """Waits for the last save to commit and prints a summary."""
+        self.saver.close()
+        if self.world.rank == 0 and self.blocked:
+            st = self.saver.status()
+            print(f"\n{len(self.blocked)} checkpoints saved to {self.directory}: training blocked "
+                  f"{sum(self.blocked) / len(self.blocked) * 1e3:.1f} ms per save on average "
+                  f"(max {max(self.blocked) * 1e3:.1f} ms); {st['bytes_written'] / 1e6:.1f} MB "
+                  f"written by rank 0 per save; latest = step {ckpt.latest_step(self.directory)}",
+                  flush=True)
+
+
+def reload_and_compare(env, checkpoints, timeout=300):
+    """Loads the last checkpoint under another tp/dp split of the same ranks
+    and compares the loss on the fixed batch; returns True when it matches."""
+    saved_split, saved_tp, want = checkpoints.reference
+    tp = 2 if saved_tp != 2 and env.world_size % 2 == 0 else (4 if env.world_size % 4 == 0 else 1)
+    mesh = strata.Mesh(env.world_size, tp=tp, ranks_per_node=env.local_world_size)
+    with strata.init(mesh, timeout=timeout) as world:
+        meta = ckpt.load(checkpoints.directory, {"config": None, "step": None}, world=world,
+                         strict=False)
+        c = meta["config"]
+        with_optimizer = c.get("pp", 1) == 1  # saved with the optimizer (see after_step)
+        torch.manual_seed(4321)  # other initial weights: the load must replace them all
+        model = snn.ParallelGPT(256, c["hidden"], c["heads"], c["layers"], c["seq"],
+                                group=world.group("tp"), sequence_parallel=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=c["lr"], total_steps=c["steps"],
+                                                    pct_start=0.1)
+        state = {"model": model, "sched": sched, "step": 0, "config": None}
+        if with_optimizer:
+            state["optimizer"] = opt
+        start = time.perf_counter()
+        ckpt.load(checkpoints.directory, state, world=world)
+        load_s = time.perf_counter() - start
+        got = fixed_batch_loss(model, c["seq"])
+        split = _split_name(world)
+        ok = abs(got - want) <= TOLERANCE * abs(want)
+        if world.rank == 0:
+            print(f"\nReloaded checkpoint step {state['step']} (saved as {saved_split}) as {split} "
+                  f"in {load_s * 1e3:.0f} ms, checksums verified, weights "
+                  f"{'and AdamW state ' if with_optimizer else ''}resharded", flush=True)
+            print(f"loss on a fixed batch: {want:.6f} trained as {saved_split}, {got:.6f} "
+                  f"reloaded as {split} (difference {abs(got - want):.1e}): "
+                  f"{'match' if ok else 'MISMATCH'}", flush=True)
+        world.group("world").barrier()
+        if world.rank == 0 and checkpoints.owned:
+            shutil.rmtree(checkpoints.directory, ignore_errors=True)
+    return ok

@@ -1,0 +1,276 @@
+"""The state tree of strata.checkpoint and where this rank's tensors sit in
+the global tensors (private to :mod:`strata.checkpoint`).
+
+A state dict is flattened into JSON-able structure (stored in the manifest)
+plus ``{key: tensor}``; keys are dotted paths. Each tensor is either whole
+(the same on every rank of its tensor/data-parallel group: written once,
+the writing spread over the replicas) or a shard of a larger tensor: a
+tensor-parallel parameter (``strata.nn`` layers mark theirs with
+``tensor_parallel_sharding = (dim, index, count)``) or an optimizer state of
+the same shape as such a parameter (Adam's ``exp_avg``, ``exp_avg_sq``).
+"""
+
+import base64
+import math
+
+import torch
+
+from .errors import CheckpointError
+
+# strata::DataType values.
+DTYPES = {
+    torch.float32: 0,
+    torch.float64: 1,
+    torch.float16: 2,
+    torch.bfloat16: 3,
+    torch.int8: 4,
+    torch.uint8: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.int16: 8,
+    torch.bool: 9,
+}
+TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
+
+
+def error(message, code="INVALID_ARGUMENT"):
+    e = CheckpointError(message)
+    e.code = code
+    return e
+
+
+def state_dict_of(obj):
+    """The state dict of a module, optimizer, scheduler, ...; None for plain values."""
+    if isinstance(obj, torch.nn.Module):
+        return obj.state_dict()
+    if hasattr(obj, "state_dict") and callable(obj.state_dict) and not isinstance(obj, type):
+        return obj.state_dict()
+    return None
+
+
+def _sharding(t):
+    return getattr(t, "tensor_parallel_sharding", None)
+
+
+def module_hints(module, path):
+    """{path of a state-dict entry: (dim, index, count)} for the sharded
+    parameters of ``module`` saved at ``path``."""
+    return {tuple(path + [name]): _sharding(p)
+            for name, p in module.named_parameters(remove_duplicate=False)
+            if _sharding(p) is not None}
+
+
+class Hints:
+    """Which saved paths are shards: module parameters by path, optimizer
+    states by the parameter they belong to (state dicts number parameters
+    in the order of ``param_groups``; only states of the parameter's shape,
+    like Adam's ``exp_avg``, share its layout: the caller checks shapes)."""
+
+    def __init__(self):
+        self._paths = {}       # path tuple -> spec
+        self._optimizers = []  # (path prefix + ("state",), [params])
+
+    def add(self, obj, path):
+        if isinstance(obj, torch.nn.Module):
+            self._paths.update(module_hints(obj, path))
+        elif isinstance(obj, torch.optim.Optimizer):
+            params = [p for g in obj.param_groups for p in g["params"]]
+            self._optimizers.append((tuple(path) + ("state",), params))
+
+    def get(self, path):
+        """(spec, parameter or None) for a tensor at ``path``, or None."""
+        path = tuple(path)
+        spec = self._paths.get(path)
+        if spec is not None:
+            return spec, None
+        for prefix, params in self._optimizers:
+            n = len(prefix)
+            if len(path) == n + 2 and path[:n] == prefix and path[n].isdigit():
+                i = int(path[n])
+                if i < len(params) and _sharding(params[i]) is not None:
+                    return _sharding(params[i]), params[i]
+        return None
+
+
+def global_box(shape, spec):
+    """(global shape, offset) of a local tensor of ``shape`` that is shard
+    ``spec`` = (dim, index, count), or of a whole tensor (spec None)."""
+    shape = list(shape)
+    offset = [0] * len(shape)
+    if spec is None:
+        return shape, offset
+    dim, index, count = spec
+    glob = list(shape)
+    glob[dim] = shape[dim] * count
+    offset[dim] = shape[dim] * index
+    return glob, offset
+
+
+class Flattener:
+    """Turns a state tree into JSON-able structure plus {key: tensor}, and
+    records {key: (dim, index, count)} for the tensors that are shards."""
+
+    def __init__(self):
+        self.tensors = {}
+        self.specs = {}
+        self.hints = Hints()
+
+    def _key(self, path):
+        base = ".".join(path) if path else "tensor"
+        key, n = base, 1
+        while key in self.tensors:  # {"a.b": t, "a": {"b": u}} both map to "a.b"
+            key = f"{base}~{n}"
+            n += 1
+        return key
+
+    def encode(self, obj, path):
+        if isinstance(obj, torch.Tensor):
+            key = self._key(path)
+            self.tensors[key] = obj
+            hint = self.hints.get(path)
+            if hint is not None:
+                spec, param = hint
+                if param is None or tuple(obj.shape) == tuple(param.shape):
+                    self.specs[key] = spec
+            return {"__tensor__": key}
+        self.hints.add(obj, path)
+        sd = state_dict_of(obj)
+        if sd is not None:
+            return self.encode(sd, path)
+        if obj is None or isinstance(obj, (bool, str)):
+            return obj
+        if isinstance(obj, int):
+            return obj if -(2**63) <= obj < 2**63 else {"__int__": str(obj)}
+        if isinstance(obj, float):
+            return obj if math.isfinite(obj) else {"__float__": repr(obj)}
+        if isinstance(obj, (bytes, bytearray)):
+            return {"__bytes__": base64.b64encode(bytes(obj)).decode("ascii")}
+        if isinstance(obj, torch.Size):
+            return {"__tuple__": [int(d) for d in obj]}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.encode(v, path + [str(i)]) for i, v in enumerate(obj)]
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: self.encode(v, path + [k]) for k, v in obj.items()}
+            return {"__dict__": [[self.encode(k, path + ["key"]), self.encode(v, path + [str(k)])]
+                                 for k, v in obj.items()]}
+        raise error(f"cannot save {type(obj).__name__} at '{'.'.join(path) or '<root>'}': a "
+                    "checkpoint holds tensors, objects with state_dict(), and None, bool, int, "
+                    "float, str, bytes, list, tuple and dict")
+
+
+def decode(node, tensors):
+    """Rebuilds a tree; tensors[key] supplies each tensor."""
+    if isinstance(node, list):
+        return [decode(v, tensors) for v in node]
+    if isinstance(node, dict):
+        if len(node) == 1:
+            (k, v), = node.items()
+            if k == "__tensor__":
+                return tensors[v]
+            if k == "__tuple__":
+                return tuple(decode(x, tensors) for x in v)
+            if k == "__dict__":
+                return {decode(a, tensors): decode(b, tensors) for a, b in v}
+            if k == "__int__":
+                return int(v)
+            if k == "__float__":
+                return float(v)
+            if k == "__bytes__":
+                return base64.b64decode(v)
+        return {k: decode(v, tensors) for k, v in node.items()}
+    return node
+
+
+def tensor_paths(node, path, out):
+    """[(path, key)] of every tensor in a tree, with the paths encode gave."""
+    if isinstance(node, list):
+        for i, v in enumerate(node):
+            tensor_paths(v, path + [str(i)], out)
+    elif isinstance(node, dict):
+        if len(node) == 1:
+            (k, v), = node.items()
+            if k == "__tensor__":
+                out.append((tuple(path), v))
+                return out
+            if k == "__tuple__":
+                for i, x in enumerate(v):
+                    tensor_paths(x, path + [str(i)], out)
+                return out
+            if k == "__dict__":
+                for a, b in v:
+                    tensor_paths(b, path + [str(decode(a, {}))], out)
+                return out
+            if k in ("__int__", "__float__", "__bytes__"):
+                return out
+        for k, v in node.items():
+            tensor_paths(v, path + [k], out)
+    return out
+
+
+def tensor_keys(node, out):
+    """Every tensor key referenced in a tree."""
+    out.extend(key for _, key in tensor_paths(node, [], []))
+    return out
+
+
+class Placement:
+    """This rank in a multi-rank checkpoint: ``world`` (a strata.World) or
+    None for one process. Sharded tensors are replicated over the dp-cp
+    group (a replica index and count per box); whole tensors over the
+    tp-dp-cp group (the ranks of one pipeline stage)."""
+
+    def __init__(self, world):
+        self.world = world
+        if world is None:
+            self.rank, self.size = 0, 1
+            self.group = None
+            self.split_replica = self.whole_replica = (0, 1)
+            return
+        if not (hasattr(world, "group") and hasattr(world, "mesh")):
+            raise error(f"world must be a strata.World (strata.init()) or None, got "
+                        f"{type(world).__module__}.{type(world).__qualname__}")
+        self.rank, self.size = world.rank, world.size
+        self.group = world.group("world")
+        split, whole = world.group("dp-cp"), world.group("tp-dp-cp")
+        self.split_replica = (split.rank, split.size)
+        self.whole_replica = (whole.rank, whole.size)
+
+    def shard(self, key, t, spec):
+        """The binding's tuple for this rank's ``t`` saved as ``key``;
+        returns (tuple, tensor kept alive)."""
+        if t.dtype not in DTYPES:
+            raise error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold "
+                        f"(supported: {', '.join(str(d) for d in DTYPES)})")
+        if t.layout != torch.strided or t.is_quantized:
+            raise error(f"tensor '{key}' is not a dense tensor ({t.layout})")
+        if t.device.type not in ("cpu", "cuda"):
+            raise error(f"tensor '{key}' is on {t.device}; checkpoints take CPU and CUDA tensors")
+        t = t.detach()
+        if not t.is_contiguous():
+            t = t.contiguous()
+        glob, offset = global_box(t.shape, spec)
+        index, count = self.split_replica if spec is not None else self.whole_replica
+        return (key, DTYPES[t.dtype], glob, list(t.shape), offset, index, count, t.data_ptr(),
+                t.is_cuda), t
+
+    def agree(self, failure):
+        """Collective over the world (no-op alone): raises on every rank when
+        ``failure`` (an exception or None) is set on any, so a rank that
+        cannot take part in a collective load does not leave the others
+        waiting. The lowest failing rank's error is raised there; the others
+        raise a CheckpointError naming it."""
+        if self.group is None:
+            if failure is not None:
+                raise failure
+            return
+        first = torch.tensor([self.rank if failure is not None else self.size], dtype=torch.int64)
+        self.group.allreduce(first, op="min")
+        bad = int(first.item())
+        if failure is not None:
+            raise failure
+        if bad < self.size:
+            raise error(f"rank {bad} of {self.size} could not load its part of the checkpoint "
+                        "(its error says why)", code="ABORTED")
