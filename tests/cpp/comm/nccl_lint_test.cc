@@ -6,9 +6,11 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "comm/topology/nccl_lint_internal.h"
 #include "strata/comm/nccl_settings.h"
@@ -303,7 +305,11 @@ TEST(NcclLintNames, EveryTableRowIsSane) {
 class NcclConfFiles : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(testing::TempDir()) / "strata_nccl_conf";
+    // One directory per test and process: ctest runs the tests of this
+    // fixture in parallel, each in its own process.
+    const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(testing::TempDir()) /
+           ("strata_nccl_conf_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "home");
   }

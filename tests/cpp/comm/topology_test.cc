@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -336,7 +337,7 @@ TEST(DetectTopology, UnreadableAndMalformedSysfs) {
   EXPECT_THAT(t.status().message(), HasSubstr("/nonexistent/strata/sys does not exist"));
 
   // A PCI class file with garbage in it.
-  fs::path root = fs::path(testing::TempDir()) / "strata_bad_sysfs";
+  fs::path root = fs::path(testing::TempDir()) / ("strata_bad_sysfs_" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root / "devices/pci0000:00/0000:00:03.0");
   fs::create_directories(root / "bus/pci/devices");
