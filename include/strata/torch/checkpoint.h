@@ -33,6 +33,14 @@
 // and copied into the module and optimizer only when every read succeeded,
 // so a failed load changes nothing.
 //
+// Multi-rank: a problem found in this rank's module or optimizer before
+// the collective load starts (an unsupported dtype or optimizer, a missing
+// module) is returned on this rank only; the other ranks' load then fails
+// at LoadOptions::timeout. Such problems come from the program, so they
+// are normally the same on every rank. Saves do not have this gap: a rank
+// that cannot build its request abandons the step (Checkpointer::Abandon)
+// and the others' save fails promptly.
+//
 // CUDA tensors are saved through the Checkpointer's page-locked staging
 // (ordered on the current CUDA stream of the first CUDA tensor) and loaded
 // through host staging.
