@@ -280,6 +280,23 @@ auto Guarded(const char* what, F&& f) -> decltype(f()) {
   }
 }
 
+// This rank cannot build its targets, but the load is collective: it takes
+// part with one target that fails validation and whose key carries the
+// reason, so the other ranks fail at once ("rank <k> could not match its
+// targets ...: ...") rather than at their deadline.
+void FailCollectiveLoad(const CheckpointReader& reader, const absl::Status& reason) {
+  std::string key = absl::StrCat("<rank-local failure: ", reason.message(), ">");
+  if (key.size() > kMaxTensorKeyBytes) key.resize(kMaxTensorKeyBytes);
+  uint8_t scratch[8] = {};
+  TensorTarget poison;
+  poison.shard.key = std::move(key);
+  poison.shard.global_shape = {1};
+  poison.shard.local_shape = {2};  // larger than the tensor: refused
+  poison.shard.global_offset = {0};
+  poison.data = scratch;
+  (void)reader.Load({poison});
+}
+
 }  // namespace
 
 absl::StatusOr<ModuleSaveRequest> BuildModuleSaveRequest(const ModuleState& state, int64_t step) {
@@ -332,62 +349,71 @@ absl::StatusOr<LoadReport> Load(const LoadOptions& options, const ModuleState& s
     };
   };
 
-  Collected c;
-  c.entries = ModuleEntries(state, &c.param_names, &c.boxes);
-  for (const Entry& e : c.entries) STRATA_RETURN_IF_ERROR(add(e, copy_into(e.tensor)));
-
+  // Open first: it is collective, and the targets of optimizer states an
+  // optimizer does not have yet depend on the manifest.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                           CheckpointReader::Open(options));
+  Collected c;
   std::optional<OptimizerView> view;
-  if (state.optimizer != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(view, OptimizerView::Of(state.optimizer, c.param_names));
-    for (const OptimizerParam& p : view->params()) {
-      auto box = c.boxes.find(p.name);
-      const ParameterShard* b = box == c.boxes.end() ? nullptr : box->second;
-      const std::string base = state.optimizer_prefix + p.name;
-      const Tensor step_like = ::torch::tensor(int64_t{0}, ::torch::kInt64);
-      if (p.state != nullptr) {
-        AdamSlots s = view->Slots(*p.state);
-        for (auto [slot, suffix] :
-             {std::pair{s.exp_avg, ".exp_avg"}, std::pair{s.exp_avg_sq, ".exp_avg_sq"},
-              std::pair{s.max_exp_avg_sq, ".max_exp_avg_sq"}}) {
-          if (!slot->defined()) continue;
-          STRATA_RETURN_IF_ERROR(CheckStateShape(base + suffix, *slot, p.param));
-          STRATA_RETURN_IF_ERROR(add({base + suffix, *slot, b}, copy_into(*slot)));
+  auto prepare = [&]() -> absl::Status {
+    c.entries = ModuleEntries(state, &c.param_names, &c.boxes);
+    for (const Entry& e : c.entries) STRATA_RETURN_IF_ERROR(add(e, copy_into(e.tensor)));
+
+    if (state.optimizer != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(view, OptimizerView::Of(state.optimizer, c.param_names));
+      for (const OptimizerParam& p : view->params()) {
+        auto box = c.boxes.find(p.name);
+        const ParameterShard* b = box == c.boxes.end() ? nullptr : box->second;
+        const std::string base = state.optimizer_prefix + p.name;
+        const Tensor step_like = ::torch::tensor(int64_t{0}, ::torch::kInt64);
+        if (p.state != nullptr) {
+          AdamSlots s = view->Slots(*p.state);
+          for (auto [slot, suffix] :
+               {std::pair{s.exp_avg, ".exp_avg"}, std::pair{s.exp_avg_sq, ".exp_avg_sq"},
+                std::pair{s.max_exp_avg_sq, ".max_exp_avg_sq"}}) {
+            if (!slot->defined()) continue;
+            STRATA_RETURN_IF_ERROR(CheckStateShape(base + suffix, *slot, p.param));
+            STRATA_RETURN_IF_ERROR(add({base + suffix, *slot, b}, copy_into(*slot)));
+          }
+          int64_t* step = s.step;
+          STRATA_RETURN_IF_ERROR(add({base + ".step", step_like, nullptr},
+                                     [step](const Tensor& t) { *step = t.item<int64_t>(); }));
+          continue;
         }
-        int64_t* step = s.step;
+        // No state yet (no step taken): created from the checkpoint when it
+        // has one for this parameter.
+        if (reader->manifest().FindTensor(base + ".exp_avg") == nullptr) continue;
+        const bool ams = reader->manifest().FindTensor(base + ".max_exp_avg_sq") != nullptr;
+        // The new state's tensors, filled by the commits below in order; the
+        // last (the step) installs the state.
+        auto fresh = std::make_shared<std::vector<Tensor>>();
+        Tensor param = p.param;
+        OptimizerView* v = &*view;
+        std::vector<std::string> suffixes = {".exp_avg", ".exp_avg_sq"};
+        if (ams) suffixes.push_back(".max_exp_avg_sq");
+        for (const std::string& suffix : suffixes) {
+          STRATA_RETURN_IF_ERROR(
+              add({base + suffix, p.param.detach(), b}, [fresh, param](const Tensor& t) {
+                fresh->push_back(t.to(param.device()).clone(::torch::MemoryFormat::Preserve));
+              }));
+        }
         STRATA_RETURN_IF_ERROR(add({base + ".step", step_like, nullptr},
-                                   [step](const Tensor& t) { *step = t.item<int64_t>(); }));
-        continue;
+                                   [fresh, param, v, ams, n = suffixes.size()](const Tensor& t) {
+                                     // A lenient load that missed one of the states leaves none.
+                                     if (fresh->size() != n) return;
+                                     AdamSlots s = v->Create(param);
+                                     *s.exp_avg = (*fresh)[0];
+                                     *s.exp_avg_sq = (*fresh)[1];
+                                     if (ams) *s.max_exp_avg_sq = (*fresh)[2];
+                                     *s.step = t.item<int64_t>();
+                                   }));
       }
-      // No state yet (no step taken): created from the checkpoint when it
-      // has one for this parameter.
-      if (reader->manifest().FindTensor(base + ".exp_avg") == nullptr) continue;
-      const bool ams = reader->manifest().FindTensor(base + ".max_exp_avg_sq") != nullptr;
-      // The new state's tensors, filled by the commits below in order; the
-      // last (the step) installs the state.
-      auto fresh = std::make_shared<std::vector<Tensor>>();
-      Tensor param = p.param;
-      OptimizerView* v = &*view;
-      std::vector<std::string> suffixes = {".exp_avg", ".exp_avg_sq"};
-      if (ams) suffixes.push_back(".max_exp_avg_sq");
-      for (const std::string& suffix : suffixes) {
-        STRATA_RETURN_IF_ERROR(
-            add({base + suffix, p.param.detach(), b}, [fresh, param](const Tensor& t) {
-              fresh->push_back(t.to(param.device()).clone(::torch::MemoryFormat::Preserve));
-            }));
-      }
-      STRATA_RETURN_IF_ERROR(add({base + ".step", step_like, nullptr},
-                                 [fresh, param, v, ams, n = suffixes.size()](const Tensor& t) {
-                                   // A lenient load that missed one of the states leaves none.
-                                   if (fresh->size() != n) return;
-                                   AdamSlots s = v->Create(param);
-                                   *s.exp_avg = (*fresh)[0];
-                                   *s.exp_avg_sq = (*fresh)[1];
-                                   if (ams) *s.max_exp_avg_sq = (*fresh)[2];
-                                   *s.step = t.item<int64_t>();
-                                 }));
     }
+    return absl::OkStatus();
+  };
+  if (absl::Status prepared = prepare(); !prepared.ok()) {
+    if (options.comm != nullptr) FailCollectiveLoad(*reader, prepared);
+    return prepared;
   }
 
   std::vector<TensorTarget> targets;

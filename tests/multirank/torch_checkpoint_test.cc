@@ -161,5 +161,44 @@ TEST_F(TorchCheckpointMpiTest, SavedAtTp2Dp2LoadsAtTp1AndTp4) {
   if (rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// One rank cannot load (a buffer dtype strata does not store): it gets the
+// error naming the key, and the others fail promptly naming that rank
+// instead of waiting for their deadline.
+TEST_F(TorchCheckpointMpiTest, ARankThatCannotLoadFailsEveryRank) {
+  ASSERT_EQ(size(), 4) << "run on 4 ranks";
+  const std::string dir = SharedDirectory(world());
+  ASSERT_FALSE(dir.empty());
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> tp,
+                              world().Split(0, rank(), CommOptions{}));
+  TpNet net(*tp, 3);
+  ModuleState st;
+  st.module = net.get();
+  st.whole_replica = {rank(), 4};
+  CheckpointOptions co;
+  co.directory = dir + "/ckpt";
+  co.split_from = &world();
+  co.commit_timeout = absl::Seconds(120);
+  STRATA_ASSERT_OK(SaveModuleStateSync(co, 1, st));
+
+  if (rank() == 1) net->register_buffer("z", ::torch::zeros({2}, ::torch::kComplexFloat));
+  LoadOptions lo;
+  lo.directory = dir + "/ckpt";
+  lo.comm = &world();
+  lo.timeout = absl::Seconds(120);
+  absl::StatusOr<LoadReport> r = LoadModuleState(lo, st);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  if (rank() == 1) {
+    EXPECT_NE(r.status().message().find("'model.z'"), absl::string_view::npos) << r.status();
+  } else {
+    EXPECT_NE(r.status().message().find("rank 1"), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find("model.z"), absl::string_view::npos) << r.status();
+  }
+  auto w = world().Barrier();
+  ASSERT_TRUE(w.ok());
+  STRATA_ASSERT_OK((*w)->Wait(Deadline()));
+  if (rank() == 0) std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -33,13 +33,12 @@
 // and copied into the module and optimizer only when every read succeeded,
 // so a failed load changes nothing.
 //
-// Multi-rank: a problem found in this rank's module or optimizer before
-// the collective load starts (an unsupported dtype or optimizer, a missing
-// module) is returned on this rank only; the other ranks' load then fails
-// at LoadOptions::timeout. Such problems come from the program, so they
-// are normally the same on every rank. Saves do not have this gap: a rank
-// that cannot build its request abandons the step (Checkpointer::Abandon)
-// and the others' save fails promptly.
+// Multi-rank: a rank whose module or optimizer cannot be loaded (an
+// unsupported dtype or optimizer, ...) returns its own error and still
+// takes part in the collective load, which then fails promptly on every
+// other rank with "rank <k> could not match its targets ..." and the
+// reason; likewise a rank that cannot build its save abandons the step
+// (Checkpointer::Abandon), so the others' save fails promptly.
 //
 // CUDA tensors are saved through the Checkpointer's page-locked staging
 // (ordered on the current CUDA stream of the first CUDA tensor) and loaded
