@@ -179,6 +179,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const LinearOptions& options,
   const int64_t start = local * group.rank();
   weight = register_parameter("weight", Place(w.narrow(0, start, local), options));
   if (options.bias) bias = register_parameter("bias", Place(b.narrow(0, start, local), options));
+  shards_["weight"] = {{options.out_features, options.in_features}, {start, 0}};
+  if (options.bias) shards_["bias"] = {{options.out_features}, {start}};
 }
 
 Tensor ColumnParallelLinearImpl::forward(const Tensor& input) {
@@ -195,6 +197,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(const LinearOptions& options, Commu
   auto [w, b] = FullLinearInit(options.out_features, options.in_features, options.bias, init.seed);
   weight = register_parameter("weight", Place(w.narrow(1, local * group.rank(), local), options));
   if (options.bias) bias = register_parameter("bias", Place(b, options));
+  // The bias is whole on every rank: not a shard.
+  shards_["weight"] = {{options.out_features, options.in_features}, {0, local * group.rank()}};
 }
 
 Tensor RowParallelLinearImpl::forward(const Tensor& input) {

@@ -103,6 +103,8 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const EmbeddingOptions& o
   Tensor mine =
       full.narrow(0, kernel_->vocab_start(), kernel_->vocab_end() - kernel_->vocab_start());
   weight = register_parameter("weight", mine.to(internal::TorchType(options.dtype)).contiguous());
+  shards_["weight"] = {{options.num_embeddings, options.embedding_dim},
+                       {kernel_->vocab_start(), 0}};
 }
 
 Tensor VocabParallelEmbeddingImpl::forward(const Tensor& ids) {

@@ -35,8 +35,11 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "strata/comm/communicator.h"
 #include "strata/parallel/tensor_parallel/embedding.h"
@@ -50,12 +53,32 @@ struct InitOptions {
   uint64_t seed = 0;
 };
 
+// Where a parameter of a tensor-parallel module sits in the unsharded
+// parameter: this rank holds the box of the parameter's own shape starting
+// at global_offset in a tensor of global_shape.
+struct ParameterShard {
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> global_offset;
+};
+
+// Implemented by the modules below, whose parameters are shards of larger
+// tensors; the checkpoint adapter (strata/torch/checkpoint.h) asks it so a
+// checkpoint holds the global tensors and loads under another tp size.
+class STRATA_EXPORT ShardedParameters {
+ public:
+  virtual ~ShardedParameters() = default;
+  // By the parameter's name in this module (not its children); a parameter
+  // absent from the map is the same on every rank of the group.
+  virtual const std::map<std::string, ParameterShard>& parameter_shards() const = 0;
+};
+
 // ColumnParallelLinear (see linear.h): weight [out/tp, in], bias [out/tp].
 // forward() takes [..., in] ([..., in] with the leading dimension split by
 // tp under sequence parallelism) and returns [..., out/tp], or [..., out]
 // with gather_output. Under skip_bias_add the bias is not added; the caller
 // adds `bias` itself (autograd then computes its gradient).
-class STRATA_EXPORT ColumnParallelLinearImpl : public ::torch::nn::Module {
+class STRATA_EXPORT ColumnParallelLinearImpl : public ::torch::nn::Module,
+                                               public ShardedParameters {
  public:
   ColumnParallelLinearImpl(const LinearOptions& options, Communicator& group,
                            const InitOptions& init = {});
@@ -64,13 +87,16 @@ class STRATA_EXPORT ColumnParallelLinearImpl : public ::torch::nn::Module {
   ::torch::Tensor weight;
   ::torch::Tensor bias;  // undefined without a bias
 
+  const std::map<std::string, ParameterShard>& parameter_shards() const override { return shards_; }
+
  private:
   std::shared_ptr<ColumnParallelLinear> kernel_;
+  std::map<std::string, ParameterShard> shards_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
 // RowParallelLinear (see linear.h): weight [out, in/tp], bias [out].
-class STRATA_EXPORT RowParallelLinearImpl : public ::torch::nn::Module {
+class STRATA_EXPORT RowParallelLinearImpl : public ::torch::nn::Module, public ShardedParameters {
  public:
   RowParallelLinearImpl(const LinearOptions& options, Communicator& group,
                         const InitOptions& init = {});
@@ -79,8 +105,11 @@ class STRATA_EXPORT RowParallelLinearImpl : public ::torch::nn::Module {
   ::torch::Tensor weight;
   ::torch::Tensor bias;
 
+  const std::map<std::string, ParameterShard>& parameter_shards() const override { return shards_; }
+
  private:
   std::shared_ptr<RowParallelLinear> kernel_;
+  std::map<std::string, ParameterShard> shards_;
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -110,7 +139,8 @@ TORCH_MODULE(ParallelMLP);
 // dim], this rank's vocabulary rows. forward() takes int64 ids [...] and
 // returns [..., dim] (leading dimension divided by tp under sequence
 // parallelism). Host tensors only.
-class STRATA_EXPORT VocabParallelEmbeddingImpl : public ::torch::nn::Module {
+class STRATA_EXPORT VocabParallelEmbeddingImpl : public ::torch::nn::Module,
+                                                 public ShardedParameters {
  public:
   VocabParallelEmbeddingImpl(const EmbeddingOptions& options, Communicator& group,
                              const InitOptions& init = {});
@@ -118,8 +148,11 @@ class STRATA_EXPORT VocabParallelEmbeddingImpl : public ::torch::nn::Module {
 
   ::torch::Tensor weight;
 
+  const std::map<std::string, ParameterShard>& parameter_shards() const override { return shards_; }
+
  private:
   std::shared_ptr<VocabParallelEmbedding> kernel_;
+  std::map<std::string, ParameterShard> shards_;
 };
 TORCH_MODULE(VocabParallelEmbedding);
 
