@@ -95,9 +95,9 @@ def main():
              f"(seq {doc['tokens'] // 4} x batch 4), hidden {doc['hidden']}, ffn {doc['ffn']}, "
              "fp32, 1 torch thread per rank; median over rounds of the slowest rank. "
              "Parts: the three local GEMMs with torch, the layer's collectives with strata, "
-             "each alone. 4 ranks share 2 cores with other work here, so the parts ratio of a "
-             "case moves between runs (0.72 to 1.15 over three runs while this was written, "
-             "two case-runs of twelve above 1.10); strata vs torch TP stayed at or below 0.78. "
+             "each alone. The ranks outnumber the 2 cores here and the parts ratio "
+             "moves between runs (see benchmarks/RESULTS.md and docs/tensor-parallel.md "
+             "for the runs of 2026-12-02). "
              "One thread, no communication: the Python layer costs 1.03x its GEMMs.")
     cmdline = "python3 benchmarks/run_tp.py"
     path = bench_util.write_results("tp", cmdline, rows, notes=shape)
