@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,13 @@ absl::StatusOr<std::shared_ptr<GlooPlugin>> LoadGlooPlugin(const std::string& pa
   int flags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
   if (deepbind) flags |= RTLD_DEEPBIND;
   const std::vector<std::string> candidates = Candidates(path);
+  // One load at a time: the first dlopen runs libgloo's static initialisers,
+  // and the loader's own lock, which orders them before another thread's
+  // use, is invisible to ThreadSanitizer. Holding our mutex makes that order
+  // explicit (ranks run as threads in tests, and a process may create
+  // several roots at once).
+  static std::mutex load_mu;
+  std::lock_guard<std::mutex> lock(load_mu);
   for (const std::string& candidate : candidates) {
     if (::access(candidate.c_str(), F_OK) != 0) continue;
     void* handle = dlopen(candidate.c_str(), flags);
