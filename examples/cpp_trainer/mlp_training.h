@@ -39,7 +39,8 @@ inline absl::Status TrainParallelMLP(const strata::LaunchEnv& env, const strata:
                                 strata::nn::InitOptions{42});
   // The teacher, the same on every rank.
   torch::manual_seed(7);
-  const torch::Tensor teacher1 = torch::randn({hidden, hidden}) / 4, teacher2 = torch::randn({hidden, hidden}) / 4;
+  const torch::Tensor teacher1 = torch::randn({hidden, hidden}) / 4,
+                      teacher2 = torch::randn({hidden, hidden}) / 4;
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
   float first = 0, last = 0;
   for (int step = 1; step <= steps; ++step) {
