@@ -148,6 +148,13 @@ class STRATA_EXPORT Communicator {
   // "mpi", "nccl" or "gloo".
   virtual absl::string_view backend() const = 0;
   virtual MemoryKind memory() const = 0;
+  // True when a posted receive or send progresses on its own, whatever was
+  // issued before it on this rank (MPI, Gloo): code may post a receive,
+  // issue sends, and only then wait for the receive. False (the default)
+  // for transports that run a rank's operations in issue order (NCCL on one
+  // stream), where a receive waited for after later sends must be posted
+  // before them and nothing issued in between may depend on it.
+  virtual bool progresses_independently() const { return false; }
 
   // ---- collectives (in place when send.data == recv.data) ----------------
   // recv = op over ranks of send; counts and dtypes must match.

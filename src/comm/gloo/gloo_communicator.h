@@ -72,6 +72,7 @@ class GlooCommunicator final : public Communicator {
   int world_rank() const override { return runtime_->world_rank; }
   absl::string_view backend() const override { return "gloo"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
+  bool progresses_independently() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
                                                   const OpOptions& options) override;

@@ -56,6 +56,7 @@ class MpiCommunicator final : public Communicator {
   int world_rank() const override { return state_->world_rank(); }
   absl::string_view backend() const override { return "mpi"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
+  bool progresses_independently() const override { return true; }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
                                                   const OpOptions& options) override;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -14,11 +15,38 @@
 namespace strata::pipeline {
 namespace {
 
-// Posted receives of one transfer, and the tensors they fill.
+// Posted receives of one transfer, and the tensors they fill. A forward
+// transfer whose shapes travel first starts with its shape header posted
+// (`header_work`) and, when the channel's shapes are expected to repeat,
+// the payload's receives for the expected shapes (`speculated`); otherwise
+// the payload's receives follow once the header is in
+// (PipelineRunner::ResolveHeader).
 struct PendingRecv {
   std::vector<std::unique_ptr<Work>> works;
   TensorList tensors;
   int index = -1;  // the RECV action
+  int peer = -1;
+  int stage = -1;  // the receiving stage
+  std::unique_ptr<Work> header_work;
+  std::shared_ptr<std::vector<int64_t>> header;
+  std::optional<std::vector<TensorSpec>> speculated;
+};
+
+// The forward transfers into one stage, as both ends see them in the same
+// order: the last shapes, and whether they differed from those before.
+// Both ends expect the next transfer to repeat the last shapes unless the
+// last one was a change; then the receiver posts the payload's receives at
+// once, with the header's, and the sender, if the shapes did change after
+// all, first sends a filler of the expected shapes into those receives.
+struct Channel {
+  std::optional<std::vector<TensorSpec>> last;
+  bool changed = false;
+
+  bool ExpectsRepeat() const { return last.has_value() && !changed; }
+  void Update(const std::vector<TensorSpec>& specs) {
+    changed = last.has_value() && *last != specs;
+    last = specs;
+  }
 };
 
 // A posted send (or a shape-header receive left by a failure) and what must
@@ -56,6 +84,14 @@ struct PipelineRunner::StepState {
   std::unordered_map<int64_t, PendingRecv> grad_recvs;
   // Input gradients of (stage, microbatch) waiting for their SEND_B.
   std::unordered_map<int64_t, TensorList> grads_out;
+  // Peer -> the forward receive (by cell) whose shape header from that peer
+  // is posted but not yet read. At most one per peer: a later receive from
+  // the same peer reads it first, so receives match messages in order.
+  std::unordered_map<int, int64_t> unread_headers;
+  // Forward transfers by receiving stage: sent from this rank (`out`) and
+  // received by it (`in`).
+  std::unordered_map<int, Channel> out_channels;
+  std::unordered_map<int, Channel> in_channels;
   std::deque<PendingOp> sends;  // in issue order
   int in_flight = 0;
   int failed_send = -1;
@@ -201,6 +237,7 @@ absl::Status PipelineRunner::Forward(StepState& st, const StageFunctions& fns, c
   } else if (s > 0) {
     auto it = st.forward_recvs.find(st.Cell(s, i));
     STRATA_CHECK(it != st.forward_recvs.end(), "no receive posted for ", a.ToString());
+    if (it->second.header_work) STRATA_RETURN_IF_ERROR(ResolveHeader(st, it->second.peer));
     STRATA_RETURN_IF_ERROR(WaitRecv(it->second, schedule_, rank_, st.deadline));
     inputs = std::move(it->second.tensors);
     st.forward_recvs.erase(it);
@@ -331,6 +368,20 @@ absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action&
         std::unique_ptr<Work> w,
         comm_->Send(ConstBuffer(header->data(), header->size(), DataType::kInt64), a.peer));
     st.sends.push_back({std::move(w), std::move(header), {}, index});
+    Channel& channel = st.out_channels[a.stage + 1];
+    if (channel.ExpectsRepeat() && *channel.last != specs) {
+      // The receiver posted receives for the last shapes: fill them.
+      STRATA_ASSIGN_OR_RETURN(TensorList filler, Allocate(*channel.last));
+      for (const StageTensor& t : filler) {
+        STRATA_ASSIGN_OR_RETURN(
+            std::unique_ptr<Work> f,
+            comm_->Send(
+                ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
+                a.peer));
+        st.sends.push_back({std::move(f), nullptr, t, index});
+      }
+    }
+    channel.Update(specs);
   }
   for (const StageTensor& t : slot.outputs) {
     STRATA_ASSIGN_OR_RETURN(
@@ -378,8 +429,57 @@ absl::StatusOr<TensorList> PipelineRunner::Allocate(const std::vector<TensorSpec
   return out;
 }
 
+absl::Status PipelineRunner::PostRecvs(const std::vector<TensorSpec>& specs, int peer,
+                                       TensorList* tensors,
+                                       std::vector<std::unique_ptr<Work>>* works) {
+  STRATA_ASSIGN_OR_RETURN(*tensors, Allocate(specs));
+  for (StageTensor& t : *tensors) {
+    STRATA_ASSIGN_OR_RETURN(
+        std::unique_ptr<Work> w,
+        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
+                    peer));
+    works->push_back(std::move(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineRunner::ResolveHeader(StepState& st, int peer) {
+  auto u = st.unread_headers.find(peer);
+  if (u == st.unread_headers.end()) return absl::OkStatus();
+  PendingRecv& p = st.forward_recvs.at(u->second);
+  st.unread_headers.erase(u);
+  const Action& a = schedule_.actions(rank_)[p.index];
+  absl::Status s = p.header_work->Wait(st.deadline);
+  if (!s.ok()) {
+    return ::strata::internal::Annotate(
+        s, absl::StrCat("receiving the shape header of action #", p.index, " ", a.ToString(),
+                        " from rank ", peer));
+  }
+  p.header_work.reset();
+  absl::StatusOr<std::vector<TensorSpec>> specs = internal::DecodeHeader(*p.header);
+  if (!specs.ok()) {
+    return ::strata::internal::Annotate(
+        specs.status(), absl::StrCat("the shape header of action #", p.index, " ", a.ToString()));
+  }
+  p.header.reset();
+  st.in_channels[p.stage].Update(*specs);
+  if (p.speculated.has_value()) {
+    const bool repeated = *p.speculated == *specs;
+    p.speculated.reset();
+    if (repeated) return absl::OkStatus();  // the payload's receives are posted
+    // The shapes changed: the posted receives take the sender's filler.
+    STRATA_RETURN_IF_ERROR(WaitRecv(p, schedule_, rank_, st.deadline));
+  }
+  return PostRecvs(*specs, peer, &p.tensors, &p.works);
+}
+
 absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action& a) {
-  std::vector<TensorSpec> specs;
+  // Registered before posting, so a failure part-way leaves every posted
+  // receive (and its buffer) where the failure path drains it.
+  const int64_t cell = st.Cell(a.stage, a.microbatch);
+  PendingRecv& p = st.forward_recvs[cell];
+  p.index = index;
+  p.peer = a.peer;
   if (options_.shapes == ShapeExchange::kDeclared) {
     absl::StatusOr<std::vector<TensorSpec>> declared = options_.input_specs(a.stage, a.microbatch);
     if (!declared.ok()) {
@@ -394,33 +494,28 @@ absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action&
       STRATA_RETURN_IF_ERROR_CTX(internal::CheckSpec(spec), "input_specs(", a.stage, ", ",
                                  a.microbatch, ")");
     }
-    specs = std::move(*declared);
-  } else {
-    // The header is waited for here, before anything else is issued, so this
-    // rank's operations stay in the schedule's order.
-    auto header = std::make_shared<std::vector<int64_t>>(internal::kHeaderWords);
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> w,
-                            comm_->Recv(Buffer::Of(header->data(), header->size()), a.peer));
-    if (absl::Status s = w->Wait(st.deadline); !s.ok()) {
-      // Still posted: the step's failure path drains it with the sends.
-      st.sends.push_back({std::move(w), std::move(header), {}, index});
-      return ::strata::internal::Annotate(
-          s, absl::StrCat("receiving the shape header from rank ", a.peer));
-    }
-    STRATA_ASSIGN_OR_RETURN(specs, internal::DecodeHeader(*header));
+    return PostRecvs(*declared, a.peer, &p.tensors, &p.works);
   }
-  // Registered before posting, so a failure part-way leaves every posted
-  // receive (and its buffer) where the failure path drains it.
-  PendingRecv& p = st.forward_recvs[st.Cell(a.stage, a.microbatch)];
-  p.index = index;
-  STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(specs));
-  for (StageTensor& t : p.tensors) {
-    STRATA_ASSIGN_OR_RETURN(
-        std::unique_ptr<Work> w,
-        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
-                    a.peer));
-    p.works.push_back(std::move(w));
+  // The shapes come first. The header's receive is posted now, with the
+  // payload's when the channel expects the last shapes again (see Channel).
+  // Where operations progress independently, the header is read when the
+  // forward needs the data or before the next receive from the same peer,
+  // whichever comes first, so the sends this rank issues meanwhile do not
+  // wait for the sender's forward. Where they progress in issue order, the
+  // payload's receives must come right after the header's, so the header
+  // is read here.
+  STRATA_RETURN_IF_ERROR(ResolveHeader(st, a.peer));
+  p.stage = a.stage;
+  p.header = std::make_shared<std::vector<int64_t>>(internal::kHeaderWords);
+  STRATA_ASSIGN_OR_RETURN(p.header_work,
+                          comm_->Recv(Buffer::Of(p.header->data(), p.header->size()), a.peer));
+  st.unread_headers[a.peer] = cell;
+  const Channel& channel = st.in_channels[a.stage];
+  if (channel.ExpectsRepeat()) {
+    p.speculated = channel.last;
+    STRATA_RETURN_IF_ERROR(PostRecvs(*channel.last, a.peer, &p.tensors, &p.works));
   }
+  if (!comm_->progresses_independently()) return ResolveHeader(st, a.peer);
   return absl::OkStatus();
 }
 
@@ -428,17 +523,11 @@ absl::Status PipelineRunner::RecvBackward(StepState& st, int index, const Action
   // The gradient of each output has the output's spec.
   auto it = st.slots.find(st.Cell(a.stage, a.microbatch));
   STRATA_CHECK(it != st.slots.end(), "gradient received before the forward of ", a.ToString());
+  STRATA_RETURN_IF_ERROR(ResolveHeader(st, a.peer));  // receives match in order
   PendingRecv& p = st.grad_recvs[st.Cell(a.stage, a.microbatch)];
   p.index = index;
-  STRATA_ASSIGN_OR_RETURN(p.tensors, Allocate(internal::SpecsOf(it->second.outputs)));
-  for (StageTensor& t : p.tensors) {
-    STRATA_ASSIGN_OR_RETURN(
-        std::unique_ptr<Work> w,
-        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
-                    a.peer));
-    p.works.push_back(std::move(w));
-  }
-  return absl::OkStatus();
+  p.peer = a.peer;
+  return PostRecvs(internal::SpecsOf(it->second.outputs), a.peer, &p.tensors, &p.works);
 }
 
 absl::Status PipelineRunner::ReapSends(StepState& st, bool wait) {
@@ -479,6 +568,7 @@ absl::Status PipelineRunner::Fail(StepState& st, int index, absl::Status cause) 
     for (auto& [cell, p] : *recvs) {
       auto keep = std::make_shared<PendingRecv>(std::move(p));
       for (auto& w : keep->works) pending.emplace_back(w.get(), keep);
+      if (keep->header_work) pending.emplace_back(keep->header_work.get(), keep);
     }
   }
   for (PendingOp& p : st.sends) {

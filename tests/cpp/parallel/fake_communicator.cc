@@ -331,6 +331,9 @@ class FakeComm : public Communicator {
   int world_rank() const override { return rank_; }
   absl::string_view backend() const override { return "fake"; }
   MemoryKind memory() const override { return state_->memory; }
+  bool progresses_independently() const override {
+    return state_->ordering == FakeOrdering::kMatchPosted;
+  }
 
   absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
                                                   const OpOptions&) override {

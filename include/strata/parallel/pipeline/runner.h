@@ -33,13 +33,23 @@
 //           compute that needs them waits for them. A forward transfer first
 //           carries a small header with the tensors' dtypes and shapes
 //           (ShapeExchange::kPerTransfer, so shapes may change at every
-//           microbatch, e.g. variable sequence lengths); the receiver waits
-//           for it before posting the payload, so each rank issues its
-//           operations exactly in its list's order. A gradient has the shape
-//           of the activation it belongs to, so it needs no header.
+//           microbatch, e.g. variable sequence lengths). While a stage's
+//           input shapes repeat, the receiver posts the payload's receives
+//           with the header's, for the last shapes; when they change, the
+//           sender first fills those receives with a filler of the last
+//           shapes, and the receiver posts new ones once the header is in
+//           (so a change costs one round trip and a filler, a repeat
+//           nothing). A gradient has the shape of the activation it belongs
+//           to, so it needs no header.
 // The schedule's order is deadlock-free under the strictest transport
 // (validated with CommModel::kRendezvous), and the runner issues operations
-// in that order, so it cannot hang on its own.
+// in that order, so it cannot hang on its own. On a communicator whose
+// operations progress independently (Communicator::progresses_independently:
+// MPI, Gloo), a header is read only when its data is needed or before the
+// next receive from the same peer, so sends listed after a receive are not
+// held up by it; on one that runs operations in issue order (NCCL), the
+// header is read at its RECV, keeping the payload's receives right behind
+// it.
 //
 // Gradients accumulate across microbatches in the stage functions (as
 // autograd does); with GradScaling::kMean the last stage's loss gradient is
@@ -231,6 +241,13 @@ class STRATA_EXPORT PipelineRunner {
   absl::Status SendBackward(StepState& st, int index, const Action& a);
   absl::Status RecvForward(StepState& st, int index, const Action& a);
   absl::Status RecvBackward(StepState& st, int index, const Action& a);
+  // Allocates `specs` and posts their receives from `peer`.
+  absl::Status PostRecvs(const std::vector<TensorSpec>& specs, int peer, TensorList* tensors,
+                         std::vector<std::unique_ptr<Work>>* works);
+  // Reads the unread shape header from `peer` (if any) and posts the
+  // receives of its payload.
+
+  absl::Status ResolveHeader(StepState& st, int peer);
   absl::StatusOr<TensorList> Allocate(const std::vector<TensorSpec>& specs);
   absl::Status ReapSends(StepState& st, bool wait);
   absl::Status Fail(StepState& st, int index, absl::Status cause);
