@@ -92,6 +92,8 @@ struct PipelineRunner::StepState {
   // received by it (`in`).
   std::unordered_map<int, Channel> out_channels;
   std::unordered_map<int, Channel> in_channels;
+  // Every receive action before this index has been posted (see PostAhead).
+  int posted_upto = 0;
   std::deque<PendingOp> sends;  // in issue order
   int in_flight = 0;
   int failed_send = -1;
@@ -173,7 +175,17 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
             "StageFunctions needs forward", full ? ", backward" : "",
             split ? ", backward_input and backward_weight" : "", " for this rank's actions")));
   }
+  const bool ahead = comm_->progresses_independently();
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
+    const ActionType type = list[k].type;
+    const bool recv = type == ActionType::kRecvForward || type == ActionType::kRecvBackward;
+    if (recv && k < st.posted_upto) continue;  // posted ahead
+    if (ahead && list[k].is_compute()) {
+      int failed = -1;
+      if (absl::Status s = PostAhead(st, k, &failed); !s.ok()) {
+        return Fail(st, failed, std::move(s));
+      }
+    }
     if (absl::Status s = Execute(st, fns, k); !s.ok()) return Fail(st, k, std::move(s));
     if (absl::Status s = ReapSends(st, /*wait=*/false); !s.ok()) {
       return Fail(st, st.failed_send, std::move(s));
@@ -471,6 +483,46 @@ absl::Status PipelineRunner::ResolveHeader(StepState& st, int peer) {
     STRATA_RETURN_IF_ERROR(WaitRecv(p, schedule_, rank_, st.deadline));
   }
   return PostRecvs(*specs, peer, &p.tensors, &p.works);
+}
+
+absl::Status PipelineRunner::PostAhead(StepState& st, int compute, int* failed) {
+  const std::vector<Action>& list = schedule_.actions(rank_);
+  // Operations complete in issue order, so nothing may be issued ahead of
+  // a receive the compute itself would still issue (the payload of a
+  // forward transfer whose shapes changed): read its header first if it is
+  // in, else post nothing ahead.
+  const Action& c = list[compute];
+  if (c.type == ActionType::kForward) {
+    auto it = st.forward_recvs.find(st.Cell(c.stage, c.microbatch));
+    if (it != st.forward_recvs.end() && it->second.header_work) {
+      absl::StatusOr<bool> in = it->second.header_work->Test();
+      if (!in.ok() || !*in) return absl::OkStatus();  // errors surface in the forward
+      *failed = it->second.index;
+      STRATA_RETURN_IF_ERROR(ResolveHeader(st, it->second.peer));
+    }
+  }
+  int j = std::max(compute + 1, st.posted_upto);
+  for (; j < static_cast<int>(list.size()); ++j) {
+    const Action& a = list[j];
+    if (a.is_compute()) break;  // the next compute action
+    const bool recv = a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward;
+    if (!recv) continue;  // sends stay in place
+    // Not if it would wait: a header from the same peer still unread, or a
+    // gradient whose activation the compute about to run produces.
+    if (st.unread_headers.count(a.peer) != 0) break;
+    if (a.type == ActionType::kRecvBackward &&
+        st.slots.count(st.Cell(a.stage, a.microbatch)) == 0) {
+      break;
+    }
+    absl::Status s =
+        a.type == ActionType::kRecvForward ? RecvForward(st, j, a) : RecvBackward(st, j, a);
+    if (!s.ok()) {
+      *failed = j;
+      return s;
+    }
+  }
+  st.posted_upto = std::max(st.posted_upto, j);
+  return absl::OkStatus();
 }
 
 absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action& a) {

@@ -49,7 +49,10 @@
 // next receive from the same peer, so sends listed after a receive are not
 // held up by it; on one that runs operations in issue order (NCCL), the
 // header is read at its RECV, keeping the payload's receives right behind
-// it.
+// it. On the former the receives listed between a compute action and the
+// next are also posted before the compute (when that cannot reorder what
+// the compute waits for), so a gradient or activation can land while this
+// rank computes; this holds one receive buffer a compute action earlier.
 //
 // Gradients accumulate across microbatches in the stage functions (as
 // autograd does); with GradScaling::kMean the last stage's loss gradient is
@@ -248,6 +251,13 @@ class STRATA_EXPORT PipelineRunner {
   // receives of its payload.
 
   absl::Status ResolveHeader(StepState& st, int peer);
+  // Before compute action `compute`: posts the receives listed between it
+  // and the next compute action, in order, while they can be posted without
+  // waiting, so their data can arrive during the compute (only where
+  // operations progress independently, and not while the compute would
+  // itself still issue a receive). On failure `*failed` is the index of the
+  // receive action concerned.
+  absl::Status PostAhead(StepState& st, int compute, int* failed);
   absl::StatusOr<TensorList> Allocate(const std::vector<TensorSpec>& specs);
   absl::Status ReapSends(StepState& st, bool wait);
   absl::Status Fail(StepState& st, int index, absl::Status cause);
