@@ -143,6 +143,7 @@ def main():
 
 
 def main_torchrun(args):
+    load_before = os.getloadavg()[0]
     sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
     base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
             str(args.np), os.path.join(HERE, "gloo_busbw.py"), "--op", args.ops, *sizes]
@@ -175,8 +176,9 @@ def main_torchrun(args):
              "gloo is): strata = strata.init(backend='gloo'), bootstrapped through torchrun's "
              "TCPStore; peer = torch.distributed.init_process_group('gloo'). Best of "
              f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors. "
-             f"Taken under load from other jobs (1-minute load average {load:.1f} on "
-             f"{os.cpu_count()} cores at the end).")
+             f"1-minute load average {load_before:.1f} before the run and {load:.1f} at the "
+             f"end (this benchmark's own {args.np} processes included), on "
+             f"{os.cpu_count()} cores.")
     path = bench_util.write_results("busbw_torchrun", command, rows, notes=notes)
     print("wrote", path)
 

@@ -9,13 +9,15 @@ ranks (pp = 4), m in {4, 8, 16} microbatches, in one run
      over the ranks) against the theoretical (p - 1) / (m + p - 1): within
      10% relative.
 
-Two models: an MLP (2 x Linear(512, 512) + tanh per stage, fp32, 32 rows
-per microbatch), whose compute competes for the cores; and stages of fixed
-costs (forward 40 ms, backward 80 ms, sleeping), which show the pipeline's
-own behaviour where ranks outnumber free cores. The step-time target
-applies to the MLP (with sleeping stages both libraries sit near the ideal
-makespan); the bubble target to both, though on this machine only the
-fixed-cost stages can meet it (see the notes in RESULTS.md).
+Three runs: an MLP on 4 ranks (2 x Linear(512, 512) + tanh per stage, fp32,
+32 rows per microbatch), whose compute competes for the cores where ranks
+outnumber them; stages of fixed costs on 4 ranks (forward 40 ms, backward
+80 ms, sleeping), the pipeline's own behaviour where ranks outnumber free
+cores; and the MLP with one rank per core (16 layers per stage, 128 rows
+per microbatch). The step-time target applies to the 4-rank MLP; the bubble
+target to all three. Each bubble is also compared with a replay of the same
+step's measured compute durations through the schedule with free transfers
+(what the runner and the transfers add).
 
     python3 benchmarks/run_pipeline.py [--build build] [--np 4] [--rounds 9]
 """
@@ -40,17 +42,23 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_worker(args, env, extra):
+def run_worker(args, env, extra, np=None):
     mpirun = os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "pipeline.json")
         env = dict(env, STRATA_BENCH_PORT=str(free_port()))
-        # Ranks outnumber cores here: a waiting rank gives its core away
-        # (docs/mpi.md).
+        np = np or args.np
+        # Where ranks outnumber cores, a waiting rank gives its core away
+        # (docs/mpi.md); with one rank per core it polls.
+        yield_flags = (["--mca", "mpi_yield_when_idle", "1",
+                        "--mca", "threads_pthreads_yield_strategy", "nanosleep"]
+                       if np > os.cpu_count() else [])
         cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-               "--mca", "mpi_yield_when_idle", "1",
-               "--mca", "threads_pthreads_yield_strategy", "nanosleep",
-               "-np", str(args.np), sys.executable,
+               *yield_flags,
+               # glibc keeps freed memory (no page faults in later steps)
+               "-x", "MALLOC_MMAP_THRESHOLD_=1073741824",
+               "-x", "MALLOC_TRIM_THRESHOLD_=1073741824",
+               "-np", str(np), sys.executable,
                os.path.join(HERE, "pipeline_bench_worker.py"), "--out", out,
                "--rounds", str(args.rounds), "--ms", args.ms] + extra
         subprocess.run(cmd, check=True, env=env, timeout=1800)
@@ -74,11 +82,16 @@ def main():
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     load_before = os.getloadavg()[0]
+    cores = os.cpu_count()
     models = [("MLP", run_worker(args, env, [])),
               (f"fixed costs F {args.fixed_ms:g} ms, B {2 * args.fixed_ms:g} ms",
-               run_worker(args, env, ["--fixed-ms", str(args.fixed_ms)]))]
+               run_worker(args, env, ["--fixed-ms", str(args.fixed_ms)])),
+              # One rank per core: the MLP's own bubble, not the cores'.
+              ("MLP, 16 layers, 128 rows, one rank per core",
+               run_worker(args, env, ["--layers", "16", "--microbatch", "128"],
+                          np=min(cores, args.np)))]
     rows = []
-    for name, doc in models:
+    for k, (name, doc) in enumerate(models):
         p = doc["ranks"]
         for c in doc["results"]:
             case = f"{name}, p={p}, m={c['m']}"
@@ -88,13 +101,19 @@ def main():
             rows.append({"case": case, "metric": "1F1B step time", "unit": "ms",
                          "strata": c["strata_ms"],
                          "peer": "torch.distributed.pipelining Schedule1F1B (gloo)",
-                         "peer_value": c["torch_ms"], "target": None if fixed else "<= 0.9"})
+                         "peer_value": c["torch_ms"], "target": "<= 0.9" if k == 0 else None})
             rel = abs(c["bubble"] - c["theory"]) / c["theory"]
             rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}",
                          "metric": "bubble: |measured - theory| / theory", "unit": "-",
                          "strata": rel, "peer": "theory (p-1)/(m+p-1)",
                          "peer_value": c["theory"], "ratio": None,
                          "target": "<= 0.10", "target_on": "strata"})
+            replay = c["replayed_bubble"]
+            rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}",
+                         "metric": "bubble: |measured - replay| / replay", "unit": "-",
+                         "strata": abs(c["bubble"] - replay) / replay,
+                         "peer": "replay of the step's measured compute, free transfers",
+                         "peer_value": replay, "ratio": None, "target": None})
     mlp = models[0][1]
     load = f"load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after, on "
     load += f"{os.cpu_count()} cores"
@@ -106,11 +125,17 @@ def main():
              f"{args.fixed_ms:g} ms in forward and {2 * args.fixed_ms:g} ms in backward. "
              "Measured bubble = 1 - busy / makespan per rank (busy: the runner's time in the "
              "stage's forward and backward; makespan: the slowest rank's step), averaged over "
-             "the ranks. Taken under load: this machine has 2 cores, shared with other "
-             "engineers' builds and tests, so 4 ranks of the MLP cannot compute at once and "
-             "its measured bubble reflects the cores (about 1 - 2/4 when all ranks have "
-             "work), not the schedule; the fixed-cost stages measure the schedule (their "
-             f"step time is set by the sleeps, so it has no target). This run: {load}.")
+             "the ranks. With 4 ranks on this machine's 2 cores the MLP's ranks cannot all "
+             "compute at once, so its measured bubble reflects the cores (about 1 - 2/4 when "
+             "all ranks have work), not the schedule; the fixed-cost stages (their step time "
+             "is set by the sleeps, so it has no target) and the MLP with one rank per core "
+             f"({models[2][1]['ranks']} ranks, {models[2][1]['layers']} layers, "
+             f"{models[2][1]['microbatch']} rows per microbatch) measure the schedule. Replay: "
+             "the same step's measured compute durations replayed through the schedule with "
+             "free transfers and no runner overhead (so |measured - replay| is what the runner "
+             "and the transfers add; |replay - theory| is what uneven and varying compute "
+             "times add). glibc is told to keep freed memory (MALLOC_MMAP_THRESHOLD_, "
+             f"MALLOC_TRIM_THRESHOLD_) in every process, both libraries alike. This run: {load}.")
     path = bench_util.write_results("pipeline", "python3 benchmarks/run_pipeline.py", rows,
                                     notes=notes)
     for row in rows:

@@ -59,7 +59,10 @@ struct STRATA_EXPORT MpiOptions {
   // continuously for this long after the last completion or start, then
   // sleeps between polls, doubling the pause up to `max_poll_interval`, so
   // ranks that compute while communication is in flight keep their CPU.
-  // While a caller waits (Work::Wait), it polls without pausing.
+  // While a caller waits (Work::Wait), it polls without pausing, unless this
+  // host runs more ranks than it has cores (OMPI_COMM_WORLD_LOCAL_SIZE >
+  // cores): then there is no busy polling and a waiter's poll pauses 200 us
+  // between passes, so the cores go to the ranks that compute.
   absl::Duration busy_poll = absl::Microseconds(200);
   absl::Duration max_poll_interval = absl::Milliseconds(1);
   // Algorithm choices for large messages, in bytes per rank (0 turns a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -221,8 +222,21 @@ absl::StatusOr<bool> Op::Test() {
 
 // ---- Engine -----------------------------------------------------------------
 
+namespace {
+
+// Whether this host runs more ranks of the job than it has cores (Open MPI
+// says how many ranks share the host).
+bool Oversubscribed() {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const unsigned cores = std::thread::hardware_concurrency();
+  return local != nullptr && cores > 0 && std::atoi(local) > static_cast<int>(cores);
+}
+
+}  // namespace
+
 Engine::Engine(const MpiOptions& options)
     : options_(options),
+      oversubscribed_(Oversubscribed()),
       max_elements_(options.max_elements_per_call == 0
                         ? static_cast<size_t>(INT_MAX)
                         : std::min(options.max_elements_per_call, static_cast<size_t>(INT_MAX))),
@@ -305,6 +319,8 @@ void Engine::Orphan(std::shared_ptr<Op> op) {
   if (!AllNull(op->requests)) orphans_.push_back(std::move(op));
 }
 
+constexpr absl::Duration kOversubscribedPause = absl::Microseconds(200);
+
 void Engine::Run() {
   absl::Time last_activity = absl::Now();
   absl::Duration pause = absl::Microseconds(20);
@@ -337,7 +353,13 @@ void Engine::Run() {
       last_activity = now;
       pause = absl::Microseconds(20);
     }
-    if (wakeup_->HasWaiters() || now - last_activity < options_.busy_poll) continue;
+    if (wakeup_->HasWaiters()) {
+      // Oversubscribed, a tight poll would take the core from a rank that
+      // computes; a short pause costs the waiter a little latency instead.
+      if (oversubscribed_) wakeup_->Sleep(kOversubscribedPause);
+      continue;
+    }
+    if (!oversubscribed_ && now - last_activity < options_.busy_poll) continue;
     wakeup_->Sleep(pause);
     pause = std::min(pause * 2, std::max(options_.max_poll_interval, absl::Microseconds(20)));
   }

@@ -227,6 +227,10 @@ class Engine : public ExitHook {
   void Orphan(std::shared_ptr<Op> op);
 
   const MpiOptions options_;
+  // More ranks on this host than cores: a waiter's poll pauses between
+  // passes and there is no busy polling after starts, so the cores go to
+  // ranks that compute (see Run).
+  const bool oversubscribed_;
   const size_t max_elements_;
   const std::shared_ptr<Wakeup> wakeup_;
   std::mutex mu_;
