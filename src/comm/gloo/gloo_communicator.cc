@@ -127,7 +127,9 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
   }
   op->interrupt = std::move(interrupt);
   auto work = std::make_unique<comm_internal::PendingWork>(op->pending);
-  queue_->Submit(std::move(op));
+  // Posting a transfer does not block: the caller posts it when the queue
+  // is idle.
+  queue_->Submit(std::move(op), /*inline_ok=*/kind == Kind::kPointToPoint);
   return std::unique_ptr<Work>(std::move(work));
 }
 

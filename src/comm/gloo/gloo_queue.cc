@@ -18,13 +18,20 @@ GlooQueue::~GlooQueue() {
   Stop(absl::AbortedError("the communicator was destroyed with the operation pending"));
 }
 
-void GlooQueue::Submit(std::shared_ptr<QueuedOp> op) {
+void GlooQueue::Submit(std::shared_ptr<QueuedOp> op, bool inline_ok) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     live_.push_back(op);
-    to_run_.push_back(std::move(op));
+    if (!(inline_ok && !stop_ && !running_ && to_run_.empty())) {
+      to_run_.push_back(std::move(op));
+      lock.unlock();
+      work_cv_.notify_one();
+      return;
+    }
+    running_ = true;  // the worker waits until this run is done
   }
-  work_cv_.notify_one();
+  RunOne(std::move(op));
+  work_cv_.notify_one();  // operations submitted meanwhile
 }
 
 bool GlooQueue::busy() const {
@@ -70,44 +77,50 @@ void GlooQueue::Work() {
     std::shared_ptr<QueuedOp> op;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [this] { return stop_ || !to_run_.empty(); });
+      work_cv_.wait(lock, [this] { return stop_ || (!to_run_.empty() && !running_); });
       if (stop_) return;
       op = std::move(to_run_.front());
       to_run_.pop_front();
       running_ = true;
     }
-    const comm_internal::PendingOp& p = *op->pending;
-    absl::Status s = p.done() ? absl::OkStatus() : health_->CheckUsable(p.description());
-    if (s.ok() && !p.done()) {
-      const absl::Duration left = p.deadline() - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        s = on_error_(absl::DeadlineExceededError(
-            absl::StrCat(p.description(),
-                         ": its timeout passed before it could start (earlier operations on the "
-                         "communicator took the time)")));
-      } else {
-        s = op->run(left);
-        if (!s.ok()) s = on_error_(s);
-      }
-    }
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      running_ = false;
-      // Nothing to finish and no earlier operation still with the
-      // completer: complete here, in issue order still, and save the
-      // waiter a hop through the completer thread (on a loaded machine
-      // each hop can cost a scheduler time slice).
-      if (!op->finish && finishing_ == 0) {
-        lock.unlock();
-        op->pending->Complete(s);
-        Forget(op.get());
-        continue;
-      }
-      ++finishing_;
-      to_finish_.emplace_back(std::move(op), std::move(s));
-    }
-    done_cv_.notify_one();
+    RunOne(std::move(op));
   }
+}
+
+void GlooQueue::RunOne(std::shared_ptr<QueuedOp> op) {
+  const comm_internal::PendingOp& p = *op->pending;
+  absl::Status s = p.done() ? absl::OkStatus() : health_->CheckUsable(p.description());
+  if (s.ok() && !p.done()) {
+    const absl::Duration left = p.deadline() - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      s = on_error_(absl::DeadlineExceededError(
+          absl::StrCat(p.description(),
+                       ": its timeout passed before it could start (earlier operations on the "
+                       "communicator took the time)")));
+    } else {
+      s = op->run(left);
+      if (!s.ok()) s = on_error_(s);
+    }
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    running_ = false;
+    // Nothing to finish and no earlier operation still with the completer:
+    // complete here, in issue order still, and save the waiter a hop
+    // through the completer thread (on a loaded machine each hop can cost a
+    // scheduler time slice).
+    if (!op->finish && finishing_ == 0) {
+      lock.unlock();
+      work_cv_.notify_one();
+      op->pending->Complete(s);
+      Forget(op.get());
+      return;
+    }
+    ++finishing_;
+    to_finish_.emplace_back(std::move(op), std::move(s));
+  }
+  work_cv_.notify_one();
+  done_cv_.notify_one();
 }
 
 void GlooQueue::Complete() {

@@ -59,7 +59,11 @@ class GlooQueue {
   GlooQueue(const GlooQueue&) = delete;
   GlooQueue& operator=(const GlooQueue&) = delete;
 
-  void Submit(std::shared_ptr<QueuedOp> op);
+  // With `inline_ok` (a `run` that only posts and does not block: point-to-
+  // point transfers), the calling thread runs `run` itself when nothing is
+  // queued or running, saving the hop to the worker; the order of
+  // operations is the same either way.
+  void Submit(std::shared_ptr<QueuedOp> op, bool inline_ok = false);
   // Fails every operation not yet done with `status`, now, and interrupts
   // the one being finished.
   void FailAll(const absl::Status& status);
@@ -71,6 +75,9 @@ class GlooQueue {
 
  private:
   void Work();
+  // Runs `op` (on the worker, or inline on the submitting thread) and hands
+  // it on to be finished. Called with running_ set, without the lock.
+  void RunOne(std::shared_ptr<QueuedOp> op);
   void Complete();
   void Forget(const QueuedOp* op);
 

@@ -142,6 +142,13 @@ void GlooCommunicator::CloseConnections() {
 absl::Status GlooCommunicator::OnError(const absl::Status& status) {
   // Already broken (aborted, revoked, failed): nothing more to learn.
   if (!health_.healthy()) return status;
+  // This rank closed the connections (the communicator is being destroyed
+  // with an operation in Gloo): the operation was aborted, not lost.
+  if (closed_.load() && (status.code() == absl::StatusCode::kUnavailable ||
+                         status.code() == absl::StatusCode::kAborted)) {
+    return absl::AbortedError(
+        absl::StrCat(status.message(), " (the communicator was destroyed by this rank)"));
+  }
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       return status;  // a mismatched message; the communicator is fine
