@@ -91,16 +91,24 @@ def main():
         rows.append({"case": case, "metric": "not measured: no GPU machine this session",
                      "unit": "-", "strata": None, "peer": None, "peer_value": None,
                      "target": "< 1.0" if "overlap" in case else ">= 0.9"})
+    cores = os.cpu_count()
     shape = (f"{doc['ranks']} CPU ranks (tp {doc['ranks']}), {doc['tokens']} tokens "
              f"(seq {doc['tokens'] // 4} x batch 4), hidden {doc['hidden']}, ffn {doc['ffn']}, "
              "fp32, 1 torch thread per rank; median over rounds of the slowest rank. "
              "Parts: the three local GEMMs with torch, the layer's collectives with strata, "
-             "each alone. The ranks outnumber the 2 cores here and the parts ratio "
-             "moves between runs (see benchmarks/RESULTS.md and docs/tensor-parallel.md "
-             "for the runs of 2026-12-02). "
-             "One thread, no communication: the Python layer costs 1.03x its GEMMs.")
-    cmdline = "python3 benchmarks/run_tp.py"
-    path = bench_util.write_results("tp", cmdline, rows, notes=shape)
+             "each alone. One thread, no communication: the Python layer costs 1.03x its "
+             "GEMMs. ")
+    if doc["ranks"] > cores:
+        shape += (f"The {doc['ranks']} ranks outnumber the {cores} cores: at each collective "
+                  "the ranks that arrive first wait while those that lost their time slice "
+                  "catch up, leaving a core idle, which the parts (measured without those "
+                  "synchronisations) do not pay; the parts ratio is therefore measured with "
+                  "one rank per core as well (benchmarks/run_tp.py --np 2, section tp_np2).")
+    else:
+        shape += "One rank per core."
+    name = "tp" if args.np == 4 else f"tp_np{args.np}"
+    cmdline = "python3 benchmarks/run_tp.py" + ("" if args.np == 4 else f" --np {args.np}")
+    path = bench_util.write_results(name, cmdline, rows, notes=shape)
     for row in rows:
         print(f"{row['case']:55s} {row['metric']:40s} {bench_util._fmt(row['strata']):>8s} "
               f"vs {bench_util._fmt(row.get('peer_value')):>8s}  ratio "
