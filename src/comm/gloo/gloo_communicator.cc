@@ -23,7 +23,13 @@ using comm_internal::DescribeOp;
 // Slots of user point-to-point messages: a header with the byte count,
 // then the payload (messages on one slot between two ranks match in order).
 constexpr uint32_t kHeaderSlot = 0;
-constexpr uint32_t kPayloadSlot = 1;
+constexpr uint32_t kPayloadSlot = 1;  // the first part of each message
+constexpr uint32_t kRestSlot = 2;     // the rest, once its size is known
+// A message's first part (at most this many bytes, at least one) travels
+// with its header: the receiver posts a receive of exactly this size at
+// once, so messages up to it need no round trip, and no sender can send
+// more into it than it holds.
+constexpr size_t kFirstPart = size_t{1} << 20;
 
 bool CanMove(DataType) { return true; }
 bool CanReduce(DataType t) { return t != DataType::kBool; }
@@ -53,14 +59,18 @@ struct Transfer {
   bool interrupted = false;
   uint64_t header = 0;  // the payload's byte count
   std::unique_ptr<gloo_plugin::Pending> header_op;
-  std::unique_ptr<gloo_plugin::Pending> payload_op;
-  std::vector<char> drain;  // an oversized message lands here
+  std::unique_ptr<gloo_plugin::Pending> first_op;  // the first part
+  std::unique_ptr<gloo_plugin::Pending> rest_op;   // the rest
+  // The first part when the receive buffer is smaller than kFirstPart.
+  std::unique_ptr<char[]> staging;
+  std::vector<char> drain;  // the rest of an oversized message lands here
 
   void Interrupt() {
     std::lock_guard<std::mutex> lock(mu);
     interrupted = true;
     if (header_op) header_op->Abort();
-    if (payload_op) payload_op->Abort();
+    if (first_op) first_op->Abort();
+    if (rest_op) rest_op->Abort();
   }
   // Waits for `op` (set under the lock) until `deadline`.
   absl::Status Await(gloo_plugin::Pending* op, absl::Time deadline, absl::string_view what) {
@@ -282,9 +292,14 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions&
   });
 }
 
-// A send posts a header (the byte count) and the payload; the completer
-// waits for both. The header lets the receiver check the size before it
-// posts its buffer, so a mismatch is an error, not a Gloo assertion.
+// A send posts a header (the byte count), the message's first part (up to
+// kFirstPart bytes; one byte of padding for an empty message) and its rest,
+// each on its own slot; the completer waits for all three. The receiver
+// posts the header's receive and a kFirstPart-byte receive for the first
+// part at once, so a message that fits needs no round trip; it posts the
+// rest's receive once the header has told it the size. The header also
+// lets it check the size, so a mismatch is an error, not a Gloo assertion:
+// nothing is ever sent into a receive smaller than what arrives.
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer, int peer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
@@ -296,17 +311,24 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
       Kind::kPointToPoint, what, options,
       [this, t, buffer, peer](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
+        const size_t bytes = t->header;
         STRATA_RETURN_IF_ERROR(FromPlugin(
             context_->Send(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
             step.description));
-        if (t->header == 0) return absl::OkStatus();
-        return FromPlugin(
-            context_->Send(buffer.data, t->header, peer, kPayloadSlot, &t->payload_op),
-            step.description);
+        const void* first = bytes == 0 ? static_cast<const void*>(&t->header) : buffer.data;
+        STRATA_RETURN_IF_ERROR(
+            FromPlugin(context_->Send(first, std::max<size_t>(1, std::min(bytes, kFirstPart)), peer,
+                                      kPayloadSlot, &t->first_op),
+                       step.description));
+        if (bytes <= kFirstPart) return absl::OkStatus();
+        return FromPlugin(context_->Send(static_cast<const char*>(buffer.data) + kFirstPart,
+                                         bytes - kFirstPart, peer, kRestSlot, &t->rest_op),
+                          step.description);
       },
       [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
         absl::Status s = t->Await(t->header_op.get(), deadline, what);
-        if (s.ok() && t->payload_op) s = t->Await(t->payload_op.get(), deadline, what);
+        if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
+        if (s.ok() && t->rest_op) s = t->Await(t->rest_op.get(), deadline, what);
         if (!s.ok()) Bury(t);
         return s;
       },
@@ -323,34 +345,47 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
   const size_t capacity = Bytes(buffer.count, buffer.dtype);
   return Start(
       Kind::kPointToPoint, what, options,
-      [this, t, peer](const Step& step) {
+      [this, t, buffer, peer, capacity](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
-        return FromPlugin(
+        STRATA_RETURN_IF_ERROR(FromPlugin(
             context_->Recv(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
-            step.description);
+            step.description));
+        void* first = buffer.data;
+        if (capacity < kFirstPart) {
+          t->staging.reset(new char[kFirstPart]);
+          first = t->staging.get();
+        }
+        return FromPlugin(context_->Recv(first, kFirstPart, peer, kPayloadSlot, &t->first_op),
+                          step.description);
       },
       [this, t, buffer, peer, capacity,
        what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
+        // The rest's receive goes out as soon as the size is known, so its
+        // round trip overlaps the first part's transfer.
         absl::Status s = t->Await(t->header_op.get(), deadline, what);
         const size_t incoming = static_cast<size_t>(t->header);
-        if (s.ok() && incoming != 0) {
+        if (s.ok() && incoming > kFirstPart) {
           {
             std::lock_guard<std::mutex> lock(t->mu);
-            void* target = buffer.data;
+            char* target = static_cast<char*>(buffer.data) + kFirstPart;
             if (incoming > capacity) {
-              t->drain.resize(incoming);
+              t->drain.resize(incoming - kFirstPart);
               target = t->drain.data();
             }
             s = t->interrupted ? absl::AbortedError(absl::StrCat(what, ": interrupted"))
-                               : FromPlugin(context_->Recv(target, incoming, peer, kPayloadSlot,
-                                                           &t->payload_op),
+                               : FromPlugin(context_->Recv(target, incoming - kFirstPart, peer,
+                                                           kRestSlot, &t->rest_op),
                                             what);
           }
-          if (s.ok()) s = t->Await(t->payload_op.get(), deadline, what);
         }
+        if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
+        if (s.ok() && t->rest_op) s = t->Await(t->rest_op.get(), deadline, what);
         if (!s.ok()) {
           Bury(t);
           return s;
+        }
+        if (t->staging && incoming > 0) {
+          std::memcpy(buffer.data, t->staging.get(), std::min(incoming, capacity));
         }
         if (incoming == capacity) return absl::OkStatus();
         const size_t elem = DataTypeSize(buffer.dtype);
