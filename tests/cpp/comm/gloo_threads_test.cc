@@ -5,11 +5,13 @@
 // survivors that disagree), split, point-to-point size mismatches, and the
 // errors of a missing store or plugin. The multi-process runs (torchrun) are
 // the multirank suites with STRATA_TEST_BACKEND=gloo.
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -318,6 +320,54 @@ TEST(GlooThreadsTest, MismatchedPointToPointSizesAreErrorsNotCrashes) {
       EXPECT_TRUE(absl::StrContains(longer.message(), "larger than the buffer")) << longer;
     }
     ASSERT_TRUE(Wait(c.Barrier()).ok());  // still usable
+  });
+}
+
+// A message travels as a header, a first part of at most 1 MiB and the
+// rest: sizes on both sides of that boundary arrive intact, in order, and
+// mismatches across it (larger or smaller than the buffer, small into large
+// and large into small) are errors that leave the pair in step.
+TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  const std::vector<size_t> counts = {0, 1, kMiB / 4 - 1, kMiB / 4, kMiB / 4 + 1, 3 * kMiB / 4 + 5};
+  OnRanks(2, [&](int r, Communicator& c) {
+    for (size_t n : counts) {  // int32 elements: up to 3 MiB + 20 bytes
+      std::vector<int32_t> data(n);
+      if (r == 0) {
+        for (size_t i = 0; i < n; ++i) data[i] = static_cast<int32_t>(i * 7 + n);
+        ASSERT_TRUE(Wait(c.Send(Buffer::Of(data.data(), n), 1)).ok()) << n;
+      } else {
+        ASSERT_TRUE(Wait(c.Recv(Buffer::Of(data.data(), n), 0)).ok()) << n;
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(data[i], static_cast<int32_t>(i * 7 + n)) << "count " << n << " at " << i;
+        }
+      }
+    }
+    // Mismatches: {sent, buffer} in int32 elements.
+    const std::vector<std::pair<size_t, size_t>> pairs = {
+        {kMiB, kMiB / 2}, {kMiB / 2, kMiB}, {kMiB, 16}, {16, kMiB}, {0, 4}, {4, 0}};
+    for (const auto& [sent, held] : pairs) {
+      std::vector<int32_t> data(std::max(sent, held), 5);
+      if (r == 0) {
+        ASSERT_TRUE(Wait(c.Send(Buffer::Of(data.data(), sent), 1)).ok()) << sent;
+      } else {
+        absl::Status s = Wait(c.Recv(Buffer::Of(data.data(), held), 0));
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << sent << " into " << held;
+        EXPECT_TRUE(absl::StrContains(
+            s.message(), sent > held ? "larger than the buffer" : "the sender sent a different"))
+            << s;
+      }
+    }
+    // Still in step: one more exact transfer across the boundary.
+    std::vector<int32_t> last(kMiB / 2 + 3, r == 0 ? 9 : 0);
+    if (r == 0) {
+      ASSERT_TRUE(Wait(c.Send(Buffer::Of(last.data(), last.size()), 1)).ok());
+    } else {
+      ASSERT_TRUE(Wait(c.Recv(Buffer::Of(last.data(), last.size()), 0)).ok());
+      EXPECT_EQ(last.front(), 9);
+      EXPECT_EQ(last.back(), 9);
+    }
+    ASSERT_TRUE(Wait(c.Barrier()).ok());
   });
 }
 
