@@ -30,8 +30,7 @@ void GlooQueue::Submit(std::shared_ptr<QueuedOp> op, bool inline_ok) {
     }
     running_ = true;  // the worker waits until this run is done
   }
-  RunOne(std::move(op));
-  work_cv_.notify_one();  // operations submitted meanwhile
+  RunOne(std::move(op));  // wakes the worker for what was submitted meanwhile
 }
 
 bool GlooQueue::busy() const {

@@ -49,8 +49,8 @@ struct Channel {
   }
 };
 
-// A posted send (or a shape-header receive left by a failure) and what must
-// stay alive until it completes.
+// A posted send and what must stay alive until it completes (its shape
+// header, or its tensor).
 struct PendingOp {
   std::unique_ptr<Work> work;
   std::shared_ptr<std::vector<int64_t>> header;
@@ -70,6 +70,10 @@ struct Slot {
 constexpr absl::Duration kDrainTime = absl::Seconds(10);
 
 double Seconds(absl::Time from, absl::Time to) { return absl::ToDoubleSeconds(to - from); }
+
+bool IsReceive(ActionType t) {
+  return t == ActionType::kRecvForward || t == ActionType::kRecvBackward;
+}
 
 }  // namespace
 
@@ -177,9 +181,7 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
   }
   const bool ahead = comm_->progresses_independently();
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
-    const ActionType type = list[k].type;
-    const bool recv = type == ActionType::kRecvForward || type == ActionType::kRecvBackward;
-    if (recv && k < st.posted_upto) continue;  // posted ahead
+    if (IsReceive(list[k].type) && k < st.posted_upto) continue;  // posted ahead
     if (ahead && list[k].is_compute()) {
       int failed = -1;
       if (absl::Status s = PostAhead(st, k, &failed); !s.ok()) {
@@ -504,9 +506,8 @@ absl::Status PipelineRunner::PostAhead(StepState& st, int compute, int* failed) 
   int j = std::max(compute + 1, st.posted_upto);
   for (; j < static_cast<int>(list.size()); ++j) {
     const Action& a = list[j];
-    if (a.is_compute()) break;  // the next compute action
-    const bool recv = a.type == ActionType::kRecvForward || a.type == ActionType::kRecvBackward;
-    if (!recv) continue;  // sends stay in place
+    if (a.is_compute()) break;         // the next compute action
+    if (!IsReceive(a.type)) continue;  // sends stay in place
     // Not if it would wait: a header from the same peer still unread, or a
     // gradient whose activation the compute about to run produces.
     if (st.unread_headers.count(a.peer) != 0) break;

@@ -249,7 +249,6 @@ class STRATA_EXPORT PipelineRunner {
                          std::vector<std::unique_ptr<Work>>* works);
   // Reads the unread shape header from `peer` (if any) and posts the
   // receives of its payload.
-
   absl::Status ResolveHeader(StepState& st, int peer);
   // Before compute action `compute`: posts the receives listed between it
   // and the next compute action, in order, while they can be posted without
