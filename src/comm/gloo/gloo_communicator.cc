@@ -20,16 +20,24 @@ namespace {
 
 using comm_internal::DescribeOp;
 
-// Slots of user point-to-point messages: a header with the byte count,
-// then the payload (messages on one slot between two ranks match in order).
+// Slots of user point-to-point messages (messages on one slot between two
+// ranks match in the order they were posted): a header with the byte count,
+// the message's first part, and its rest in chunks on a slot of the
+// message's own, numbered by the count of messages between the two ranks.
 constexpr uint32_t kHeaderSlot = 0;
-constexpr uint32_t kPayloadSlot = 1;  // the first part of each message
-constexpr uint32_t kRestSlot = 2;     // the rest, once its size is known
-// A message's first part (at most this many bytes, at least one) travels
-// with its header: the receiver posts a receive of exactly this size at
-// once, so messages up to it need no round trip, and no sender can send
-// more into it than it holds.
-constexpr size_t kFirstPart = size_t{1} << 20;
+constexpr uint32_t kPayloadSlot = 1;    // the first part of each message
+constexpr uint32_t kChunkSlotBase = 2;  // + the message's number modulo kChunkSlots
+constexpr uint32_t kChunkSlots = uint32_t{1} << 30;
+// A message's first part and each chunk of its rest hold at most this many
+// bytes (the first part at least one). The receiver posts a receive of
+// exactly this size for the first part and for every chunk its buffer
+// holds, together with the header's, so a message of the expected size
+// needs no round trip at any size, and no sender can send more into a
+// receive than it holds (Gloo would assert).
+constexpr size_t kPart = size_t{1} << 20;
+
+// The chunks of a message of `bytes` after its first part.
+size_t Chunks(size_t bytes) { return bytes <= kPart ? 0 : (bytes - 1) / kPart; }
 
 bool CanMove(DataType) { return true; }
 bool CanReduce(DataType t) { return t != DataType::kBool; }
@@ -58,19 +66,24 @@ struct Transfer {
   std::mutex mu;
   bool interrupted = false;
   uint64_t header = 0;  // the payload's byte count
+  uint32_t chunk_slot = 0;
   std::unique_ptr<gloo_plugin::Pending> header_op;
-  std::unique_ptr<gloo_plugin::Pending> first_op;  // the first part
-  std::unique_ptr<gloo_plugin::Pending> rest_op;   // the rest
-  // The first part when the receive buffer is smaller than kFirstPart.
-  std::unique_ptr<char[]> staging;
-  std::vector<char> drain;  // the rest of an oversized message lands here
+  std::unique_ptr<gloo_plugin::Pending> first_op;                // the first part
+  std::vector<std::unique_ptr<gloo_plugin::Pending>> chunk_ops;  // the rest, in order
+  // Where the first part and the last chunk land when the receive buffer
+  // holds less than a whole part there.
+  std::unique_ptr<char[]> first_staging;
+  std::unique_ptr<char[]> last_staging;
+  std::unique_ptr<char[]> drain;  // chunks beyond the receive buffer land here
 
   void Interrupt() {
     std::lock_guard<std::mutex> lock(mu);
     interrupted = true;
     if (header_op) header_op->Abort();
     if (first_op) first_op->Abort();
-    if (rest_op) rest_op->Abort();
+    for (auto& op : chunk_ops) {
+      if (op) op->Abort();
+    }
   }
   // Waits for `op` (set under the lock) until `deadline`.
   absl::Status Await(gloo_plugin::Pending* op, absl::Time deadline, absl::string_view what) {
@@ -293,13 +306,15 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions&
 }
 
 // A send posts a header (the byte count), the message's first part (up to
-// kFirstPart bytes; one byte of padding for an empty message) and its rest,
-// each on its own slot; the completer waits for all three. The receiver
-// posts the header's receive and a kFirstPart-byte receive for the first
-// part at once, so a message that fits needs no round trip; it posts the
-// rest's receive once the header has told it the size. The header also
-// lets it check the size, so a mismatch is an error, not a Gloo assertion:
-// nothing is ever sent into a receive smaller than what arrives.
+// kPart bytes; one byte of padding for an empty message) and the chunks of
+// its rest; the completer waits for all of them. The receiver posts the
+// header's receive, a kPart-byte receive for the first part and one for
+// every chunk its buffer holds, at once: a message of the size it expects
+// needs no round trip. The header tells it the size: chunks sent beyond its
+// buffer are drained, and a mismatch is an error naming both counts. When
+// the message is shorter, receives of chunks that never come stay posted on
+// that message's slot, which no later message uses (until the count of
+// messages between the two ranks wraps at kChunkSlots).
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer, int peer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
@@ -312,23 +327,35 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
       [this, t, buffer, peer](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
         const size_t bytes = t->header;
+        const uint32_t slot = kChunkSlotBase + sent_to_[peer]++ % kChunkSlots;
         STRATA_RETURN_IF_ERROR(FromPlugin(
             context_->Send(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
             step.description));
-        const void* first = bytes == 0 ? static_cast<const void*>(&t->header) : buffer.data;
+        const char* data = static_cast<const char*>(buffer.data);
+        const void* first = bytes == 0 ? static_cast<const void*>(&t->header) : data;
         STRATA_RETURN_IF_ERROR(
-            FromPlugin(context_->Send(first, std::max<size_t>(1, std::min(bytes, kFirstPart)), peer,
+            FromPlugin(context_->Send(first, std::max<size_t>(1, std::min(bytes, kPart)), peer,
                                       kPayloadSlot, &t->first_op),
                        step.description));
-        if (bytes <= kFirstPart) return absl::OkStatus();
-        return FromPlugin(context_->Send(static_cast<const char*>(buffer.data) + kFirstPart,
-                                         bytes - kFirstPart, peer, kRestSlot, &t->rest_op),
-                          step.description);
+        t->chunk_ops.resize(Chunks(bytes));
+        for (size_t i = 0; i < t->chunk_ops.size(); ++i) {
+          const size_t offset = (i + 1) * kPart;
+          STRATA_RETURN_IF_ERROR(
+              FromPlugin(context_->Send(data + offset, std::min(kPart, bytes - offset), peer, slot,
+                                        &t->chunk_ops[i]),
+                         step.description));
+        }
+        return absl::OkStatus();
       },
       [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
-        absl::Status s = t->Await(t->header_op.get(), deadline, what);
+        // The transfers go out in the order they were posted: waiting for
+        // the last one first saves a wake-up per transfer.
+        absl::Status s;
+        for (size_t i = t->chunk_ops.size(); s.ok() && i > 0; --i) {
+          s = t->Await(t->chunk_ops[i - 1].get(), deadline, what);
+        }
         if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
-        if (s.ok() && t->rest_op) s = t->Await(t->rest_op.get(), deadline, what);
+        if (s.ok()) s = t->Await(t->header_op.get(), deadline, what);
         if (!s.ok()) Bury(t);
         return s;
       },
@@ -343,49 +370,71 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
   auto t = std::make_shared<Transfer>();
   const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
   const size_t capacity = Bytes(buffer.count, buffer.dtype);
+  const size_t expected_chunks = Chunks(capacity);
   return Start(
       Kind::kPointToPoint, what, options,
-      [this, t, buffer, peer, capacity](const Step& step) {
+      [this, t, buffer, peer, capacity, expected_chunks](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
+        t->chunk_slot = kChunkSlotBase + received_from_[peer]++ % kChunkSlots;
         STRATA_RETURN_IF_ERROR(FromPlugin(
             context_->Recv(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
             step.description));
-        void* first = buffer.data;
-        if (capacity < kFirstPart) {
-          t->staging.reset(new char[kFirstPart]);
-          first = t->staging.get();
+        char* data = static_cast<char*>(buffer.data);
+        char* first = data;
+        if (capacity < kPart) {
+          t->first_staging.reset(new char[kPart]);
+          first = t->first_staging.get();
         }
-        return FromPlugin(context_->Recv(first, kFirstPart, peer, kPayloadSlot, &t->first_op),
-                          step.description);
+        STRATA_RETURN_IF_ERROR(FromPlugin(
+            context_->Recv(first, kPart, peer, kPayloadSlot, &t->first_op), step.description));
+        t->chunk_ops.resize(expected_chunks);
+        for (size_t i = 0; i < expected_chunks; ++i) {
+          const size_t offset = (i + 1) * kPart;
+          char* target = data + offset;
+          if (capacity - offset < kPart) {
+            t->last_staging.reset(new char[kPart]);
+            target = t->last_staging.get();
+          }
+          STRATA_RETURN_IF_ERROR(
+              FromPlugin(context_->Recv(target, kPart, peer, t->chunk_slot, &t->chunk_ops[i]),
+                         step.description));
+        }
+        return absl::OkStatus();
       },
-      [this, t, buffer, peer, capacity,
+      [this, t, buffer, peer, capacity, expected_chunks,
        what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
-        // The rest's receive goes out as soon as the size is known, so its
-        // round trip overlaps the first part's transfer.
-        absl::Status s = t->Await(t->header_op.get(), deadline, what);
+        // Every message has a first part, sent after its header: once it is
+        // here, so is the header (one wake-up for both).
+        absl::Status s = t->Await(t->first_op.get(), deadline, what);
+        if (s.ok()) s = t->Await(t->header_op.get(), deadline, what);
         const size_t incoming = static_cast<size_t>(t->header);
-        if (s.ok() && incoming > kFirstPart) {
-          {
-            std::lock_guard<std::mutex> lock(t->mu);
-            char* target = static_cast<char*>(buffer.data) + kFirstPart;
-            if (incoming > capacity) {
-              t->drain.resize(incoming - kFirstPart);
-              target = t->drain.data();
+        const size_t sent_chunks = Chunks(incoming);
+        if (s.ok() && sent_chunks > expected_chunks) {
+          // Receive what the buffer has no room for, so that the sender
+          // completes and the next message starts where it should.
+          std::lock_guard<std::mutex> lock(t->mu);
+          if (t->interrupted) {
+            s = absl::AbortedError(absl::StrCat(what, ": interrupted"));
+          } else {
+            t->drain.reset(new char[kPart]);
+            t->chunk_ops.resize(sent_chunks);
+            for (size_t i = expected_chunks; s.ok() && i < sent_chunks; ++i) {
+              s = FromPlugin(
+                  context_->Recv(t->drain.get(), kPart, peer, t->chunk_slot, &t->chunk_ops[i]),
+                  what);
             }
-            s = t->interrupted ? absl::AbortedError(absl::StrCat(what, ": interrupted"))
-                               : FromPlugin(context_->Recv(target, incoming - kFirstPart, peer,
-                                                           kRestSlot, &t->rest_op),
-                                            what);
           }
         }
-        if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
-        if (s.ok() && t->rest_op) s = t->Await(t->rest_op.get(), deadline, what);
-        if (!s.ok()) {
-          Bury(t);
-          return s;
+        for (size_t i = sent_chunks; s.ok() && i > 0; --i) {  // the last first, as in Send
+          s = t->Await(t->chunk_ops[i - 1].get(), deadline, what);
         }
-        if (t->staging && incoming > 0) {
-          std::memcpy(buffer.data, t->staging.get(), std::min(incoming, capacity));
+        if (!s.ok() || sent_chunks < expected_chunks) Bury(t);  // receives still posted
+        if (!s.ok()) return s;
+        const size_t held = std::min(incoming, capacity);
+        if (t->first_staging && held > 0) std::memcpy(buffer.data, t->first_staging.get(), held);
+        const size_t last = expected_chunks * kPart;  // where the last chunk starts
+        if (t->last_staging && held > last) {
+          std::memcpy(static_cast<char*>(buffer.data) + last, t->last_staging.get(), held - last);
         }
         if (incoming == capacity) return absl::OkStatus();
         const size_t elem = DataTypeSize(buffer.dtype);

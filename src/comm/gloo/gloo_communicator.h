@@ -152,6 +152,11 @@ class GlooCommunicator final : public Communicator {
   int split_seq_ = 0;
   int shrink_seq_ = 0;
   std::atomic<bool> closed_{false};
+  // Point-to-point messages posted to / from each group rank: a message's
+  // number names the slot of its chunks. Only touched while posting, which
+  // the queue serialises.
+  std::vector<uint32_t> sent_to_;
+  std::vector<uint32_t> received_from_;
   std::mutex graveyard_mu_;
   std::vector<std::shared_ptr<void>> graveyard_;
   // Last member: stopped (joined) first on destruction.

@@ -126,6 +126,8 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooRuntime> runtime,
       uid_(std::move(uid)),
       health_(absl::StrCat("group ", options.name, " (rank ", context_->rank(), " of ",
                            context_->size(), ", world rank ", runtime_->world_rank, ")")),
+      sent_to_(context_->size(), 0),
+      received_from_(context_->size(), 0),
       queue_(std::make_unique<GlooQueue>(&health_,
                                          [this](const absl::Status& s) { return OnError(s); })) {}
 

@@ -149,6 +149,57 @@ TEST(GlooThreadsTest, CollectivesMatchReferences) {
   });
 }
 
+// Allreduce runs three algorithms by size (a direct exchange up to 64 KiB,
+// a ring reduce-scatter and a direct allgather below 4 MiB, Gloo's ring
+// above) and the ring splits unevenly when the count is not a multiple of
+// the ranks: every path on 3 and 5 ranks, fp32 sums of small integers
+// (exact, so every rank must hold the same bits) and int32 maxima.
+TEST(GlooThreadsTest, AllReduceMatchesAcrossItsAlgorithms) {
+  const std::vector<size_t> counts = {1, 2, 4, 1000, 16384, 16385, 300001, (size_t{1} << 20) + 7};
+  for (int n : {3, 5}) {
+    OnRanks(n, [&](int r, Communicator& c) {
+      for (size_t count : counts) {
+        std::vector<float> f(count);
+        std::vector<int32_t> m(count);
+        for (size_t i = 0; i < count; ++i) {
+          f[i] = static_cast<float>((i + static_cast<size_t>(r)) % 7);
+          m[i] = static_cast<int32_t>((i * 3 + static_cast<size_t>(r) * 5) % 11);
+        }
+        ASSERT_TRUE(Wait(c.AllReduce(Buffer::Of(f.data(), count), Buffer::Of(f.data(), count),
+                                     ReduceOp::kSum))
+                        .ok())
+            << count;
+        ASSERT_TRUE(Wait(c.AllReduce(Buffer::Of(m.data(), count), Buffer::Of(m.data(), count),
+                                     ReduceOp::kMax))
+                        .ok())
+            << count;
+        for (size_t i = 0; i < count; ++i) {
+          float sum = 0;
+          int32_t max = 0;
+          for (int k = 0; k < n; ++k) {
+            sum += static_cast<float>((i + static_cast<size_t>(k)) % 7);
+            max = std::max(max, static_cast<int32_t>((i * 3 + static_cast<size_t>(k) * 5) % 11));
+          }
+          ASSERT_EQ(f[i], sum) << n << " ranks, count " << count << " at " << i;
+          ASSERT_EQ(m[i], max) << n << " ranks, count " << count << " at " << i;
+        }
+      }
+      // Reduce-scatter (the ring) with blocks of one element and of many.
+      for (size_t block : {size_t{1}, size_t{70001}}) {
+        std::vector<int32_t> in(block * static_cast<size_t>(n)), out(block);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(i % 13) + r;
+        ASSERT_TRUE(Wait(c.ReduceScatter(Buffer::Of(in.data(), in.size()),
+                                         Buffer::Of(out.data(), block), ReduceOp::kSum))
+                        .ok());
+        for (size_t i = 0; i < block; ++i) {
+          const size_t at = static_cast<size_t>(r) * block + i;
+          ASSERT_EQ(out[i], n * static_cast<int32_t>(at % 13) + n * (n - 1) / 2) << i;
+        }
+      }
+    });
+  }
+}
+
 TEST(GlooThreadsTest, HalfPrecisionReducesInFp32) {
   OnRanks(2, [](int r, Communicator& c) {
     // 1 + 2^-11 is not an fp16; each rank's value rounds once in fp32.
@@ -329,9 +380,20 @@ TEST(GlooThreadsTest, MismatchedPointToPointSizesAreErrorsNotCrashes) {
 // and large into small) are errors that leave the pair in step.
 TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
   constexpr size_t kMiB = size_t{1} << 20;
-  const std::vector<size_t> counts = {0, 1, kMiB / 4 - 1, kMiB / 4, kMiB / 4 + 1, 3 * kMiB / 4 + 5};
+  // int32 elements: around the first part (1 MiB) and the chunks after it
+  // (1 MiB each, the last one shorter), up to 8 MiB + 12 bytes.
+  const std::vector<size_t> counts = {0,
+                                      1,
+                                      kMiB / 4 - 1,
+                                      kMiB / 4,
+                                      kMiB / 4 + 1,
+                                      kMiB / 2,
+                                      kMiB / 2 + 1,
+                                      3 * kMiB / 4 + 5,
+                                      kMiB,
+                                      2 * kMiB + 3};
   OnRanks(2, [&](int r, Communicator& c) {
-    for (size_t n : counts) {  // int32 elements: up to 3 MiB + 20 bytes
+    for (size_t n : counts) {
       std::vector<int32_t> data(n);
       if (r == 0) {
         for (size_t i = 0; i < n; ++i) data[i] = static_cast<int32_t>(i * 7 + n);
@@ -343,9 +405,18 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
         }
       }
     }
-    // Mismatches: {sent, buffer} in int32 elements.
-    const std::vector<std::pair<size_t, size_t>> pairs = {
-        {kMiB, kMiB / 2}, {kMiB / 2, kMiB}, {kMiB, 16}, {16, kMiB}, {0, 4}, {4, 0}};
+    // Mismatches: {sent, buffer} in int32 elements: more and fewer chunks
+    // than the buffer holds, and the same number with a longer or shorter
+    // last one.
+    const std::vector<std::pair<size_t, size_t>> pairs = {{kMiB, kMiB / 2},
+                                                          {kMiB / 2, kMiB},
+                                                          {kMiB, 16},
+                                                          {16, kMiB},
+                                                          {0, 4},
+                                                          {4, 0},
+                                                          {kMiB / 2 + 7, kMiB / 2 + 3},
+                                                          {kMiB / 2 + 3, kMiB / 2 + 7},
+                                                          {3 * kMiB / 4 + 5, kMiB / 4 + 1}};
     for (const auto& [sent, held] : pairs) {
       std::vector<int32_t> data(std::max(sent, held), 5);
       if (r == 0) {
@@ -358,14 +429,19 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
             << s;
       }
     }
-    // Still in step: one more exact transfer across the boundary.
-    std::vector<int32_t> last(kMiB / 2 + 3, r == 0 ? 9 : 0);
-    if (r == 0) {
-      ASSERT_TRUE(Wait(c.Send(Buffer::Of(last.data(), last.size()), 1)).ok());
-    } else {
-      ASSERT_TRUE(Wait(c.Recv(Buffer::Of(last.data(), last.size()), 0)).ok());
-      EXPECT_EQ(last.front(), 9);
-      EXPECT_EQ(last.back(), 9);
+    // Still in step: exact transfers across the first part and the chunks,
+    // every element checked.
+    for (size_t n : {kMiB / 2 + 3, 3 * kMiB / 4 + 5, kMiB}) {
+      std::vector<int32_t> last(n, 0);
+      if (r == 0) {
+        for (size_t i = 0; i < n; ++i) last[i] = static_cast<int32_t>(i ^ n);
+        ASSERT_TRUE(Wait(c.Send(Buffer::Of(last.data(), n), 1)).ok());
+      } else {
+        ASSERT_TRUE(Wait(c.Recv(Buffer::Of(last.data(), n), 0)).ok());
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(last[i], static_cast<int32_t>(i ^ n)) << "count " << n << " at " << i;
+        }
+      }
     }
     ASSERT_TRUE(Wait(c.Barrier()).ok());
   });
