@@ -43,6 +43,15 @@ def machine():
     return f"{socket.gethostname()}: {os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB, {gpu}"
 
 
+def bus_factor(op, n):
+    """nccl-tests' busbw factor: busbw = algbw x factor."""
+    if op == "allreduce":
+        return 2.0 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
 def ratio(strata, peer):
     if peer in (None, 0) or strata is None:
         return None

@@ -22,6 +22,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench_util import bus_factor  # benchmarks/, the script's directory
+
 
 def parse_bytes(s):
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
@@ -32,14 +34,6 @@ def iters_for(bytes_, fixed):
     if fixed:
         return fixed
     return max(5, min(100, (256 << 20) // max(bytes_, 1)))
-
-
-def bus_factor(op, n):
-    if op == "allreduce":
-        return 2.0 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter", "alltoall"):
-        return (n - 1) / n
-    return 1.0
 
 
 def run_strata(g, op, a, b, rank, n):

@@ -72,13 +72,15 @@ def run(cmd, env=None):
     return out.stdout
 
 
-def parse(text):
-    """{(op, bytes): busbw}"""
+def parse(text, n):
+    """{(op, bytes): busbw}, from the time column (the printed busbw has
+    three decimals: too few to compare small sizes)."""
     rows = {}
     for line in text.splitlines():
         m = ROW.match(line)
         if m:
-            rows[(m.group(4), int(m.group(1)))] = float(m.group(7))
+            op, size, us = m.group(4), int(m.group(1)), float(m.group(5))
+            rows[(op, size)] = size / (us * 1e3) * bench_util.bus_factor(op, n)
     return rows
 
 
@@ -117,10 +119,10 @@ def main():
     strata_best, gloo_best = {}, {}
     for i in range(args.repeats):
         print(f"run {i + 1}/{args.repeats}: strata", flush=True)
-        best(strata_best, parse(run(strata_cmd)))
+        best(strata_best, parse(run(strata_cmd), args.np))
         print(f"run {i + 1}/{args.repeats}: gloo", flush=True)
         env = dict(os.environ, MASTER_PORT=str(free_port()))
-        best(gloo_best, parse(run(gloo_cmd, env)))
+        best(gloo_best, parse(run(gloo_cmd, env), args.np))
 
     rows = []
     print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'gloo':>8s} {'ratio':>6s}   (busbw GB/s)")
@@ -155,9 +157,9 @@ def main_torchrun(args):
     strata_best, gloo_best = {}, {}
     for i in range(args.repeats):
         print(f"run {i + 1}/{args.repeats}: strata gloo under torchrun", flush=True)
-        best(strata_best, parse(run(base + ["--lib", "strata"], env)))
+        best(strata_best, parse(run(base + ["--lib", "strata"], env), args.np))
         print(f"run {i + 1}/{args.repeats}: torch gloo under torchrun", flush=True)
-        best(gloo_best, parse(run(base + ["--lib", "torch"], env)))
+        best(gloo_best, parse(run(base + ["--lib", "torch"], env), args.np))
     rows = []
     print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'torch':>8s} {'ratio':>6s}   (busbw GB/s)")
     for op in args.ops.split(","):
