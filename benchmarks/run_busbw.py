@@ -139,7 +139,8 @@ def main():
     notes = (f"{args.np} CPU ranks on one host under mpirun ({' '.join(MPI_FLAGS)}); fp32 sum; "
              "strata: comm_busbw (out of place, each op started and waited); gloo: "
              "benchmarks/gloo_busbw.py (torch.distributed, in place where gloo is). Best of "
-             f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors.")
+             f"{args.repeats} alternating runs per side. busbw = bytes / time x the nccl-tests "
+             "factor.")
     path = bench_util.write_results("busbw", command, rows, notes=notes)
     print("wrote", path)
 
@@ -177,7 +178,10 @@ def main_torchrun(args):
              "sides run benchmarks/gloo_busbw.py (one Python call per operation, in place where "
              "gloo is): strata = strata.init(backend='gloo'), bootstrapped through torchrun's "
              "TCPStore; peer = torch.distributed.init_process_group('gloo'). Best of "
-             f"{args.repeats} alternating runs per side. busbw uses the nccl-tests factors. "
+             f"{args.repeats} alternating runs per side. busbw = bytes / time x the "
+             "nccl-tests factor. strata runs its own allgather, reduce-scatter and (below 4 "
+             "MiB) allreduce over Gloo's transport, Gloo's broadcast, all-to-all and larger "
+             "allreduce (docs/launch.md). "
              f"1-minute load average {load_before:.1f} before the run and {load:.1f} at the "
              f"end (this benchmark's own {args.np} processes included), on "
              f"{os.cpu_count()} cores.")
