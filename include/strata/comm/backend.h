@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,11 +61,17 @@ struct STRATA_EXPORT MpiOptions {
   // sleeps between polls, doubling the pause up to `max_poll_interval`, so
   // ranks that compute while communication is in flight keep their CPU.
   // While a caller waits (Work::Wait), it polls without pausing, unless this
-  // host runs more ranks than it has cores (OMPI_COMM_WORLD_LOCAL_SIZE >
-  // cores): then there is no busy polling and a waiter's poll pauses 200 us
-  // between passes, so the cores go to the ranks that compute.
+  // host runs more ranks than it has cores: then there is no busy polling
+  // and a waiter's poll pauses 200 us between passes, so the cores go to the
+  // ranks that compute.
   absl::Duration busy_poll = absl::Microseconds(200);
   absl::Duration max_poll_interval = absl::Milliseconds(1);
+  // Whether this host runs more ranks than it has cores. Unset: the
+  // environment STRATA_OVERSUBSCRIBED=1/0 if set, else detected (ranks on
+  // the host from Open MPI, Slurm or torchrun; cores from the online CPUs,
+  // the CPU affinity and the cgroup's CPU quota, so a container limited to
+  // 2 CPUs on a 64-core host counts 2). docs/mpi.md.
+  std::optional<bool> oversubscribed;
   // Algorithm choices for large messages, in bytes per rank (0 turns a
   // choice off). Open MPI's nonblocking collectives pick algorithms that are
   // slow for large messages on shared memory (docs/mpi.md has the numbers);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "comm/common/host_share.h"
 #include "strata/base/status.h"
 
 namespace strata::mpi {
@@ -222,21 +223,10 @@ absl::StatusOr<bool> Op::Test() {
 
 // ---- Engine -----------------------------------------------------------------
 
-namespace {
-
-// Whether this host runs more ranks of the job than it has cores (Open MPI
-// says how many ranks share the host).
-bool Oversubscribed() {
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  const unsigned cores = std::thread::hardware_concurrency();
-  return local != nullptr && cores > 0 && std::atoi(local) > static_cast<int>(cores);
-}
-
-}  // namespace
-
 Engine::Engine(const MpiOptions& options)
     : options_(options),
-      oversubscribed_(Oversubscribed()),
+      oversubscribed_(
+          options.oversubscribed.value_or(comm_internal::DetectHostShare().oversubscribed())),
       max_elements_(options.max_elements_per_call == 0
                         ? static_cast<size_t>(INT_MAX)
                         : std::min(options.max_elements_per_call, static_cast<size_t>(INT_MAX))),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -159,6 +160,15 @@ TEST(WorldOfOneTest, MisuseIsNamed) {
   spin.mpi.busy_poll = absl::Seconds(-1);
   EXPECT_THAT(CreateRootCommunicator(Single(), spin).status(),
               StatusIs(kInvalid, "must not be negative"));
+  // A value of STRATA_OVERSUBSCRIBED other than 1 or 0 is refused, unless
+  // the options say it themselves.
+  setenv("STRATA_OVERSUBSCRIBED", "yes", 1);
+  EXPECT_THAT(CreateRootCommunicator(Single(), RootOptions{}).status(),
+              StatusIs(kInvalid, "STRATA_OVERSUBSCRIBED is 'yes': set it to 1"));
+  RootOptions told;
+  told.mpi.oversubscribed = true;
+  EXPECT_TRUE(CreateRootCommunicator(Single(), told).ok());
+  unsetenv("STRATA_OVERSUBSCRIBED");
 }
 
 TEST(WorldOfOneTest, DeadlinesAbortRevokeAndShrink) {

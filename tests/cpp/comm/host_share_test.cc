@@ -1,0 +1,147 @@
+// Whether the ranks on a host outnumber its cores: the launcher's local
+// rank counts, the CPU limits (affinity, cgroup v1 and v2 quotas along the
+// cgroup's ancestors) and the STRATA_OVERSUBSCRIBED override.
+#include "comm/common/host_share.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace strata::comm_internal {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FakeCgroups : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("strata_cgroup_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+             "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void Write(const std::string& relative, const std::string& text) {
+    const fs::path p = root_ / relative;
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << text;
+  }
+  std::string root() const { return root_.string(); }
+
+ private:
+  fs::path root_;
+};
+
+TEST_F(FakeCgroups, V2QuotaIsTheTightestAlongTheAncestors) {
+  const std::string self = "0::/kubepods/pod1/ctr\n";
+  EXPECT_FALSE(CgroupCpuQuota(self, root()).has_value());  // no files: no limit
+  Write("kubepods/pod1/ctr/cpu.max", "max 100000\n");
+  EXPECT_FALSE(CgroupCpuQuota(self, root()).has_value());  // "max": no limit
+  Write("kubepods/pod1/cpu.max", "250000 100000\n");
+  EXPECT_DOUBLE_EQ(*CgroupCpuQuota(self, root()), 2.5);  // the parent's limit applies
+  Write("kubepods/cpu.max", "150000 100000\n");
+  EXPECT_DOUBLE_EQ(*CgroupCpuQuota(self, root()), 1.5);
+  Write("kubepods/pod1/ctr/cpu.max", "50000 100000\n");
+  EXPECT_DOUBLE_EQ(*CgroupCpuQuota(self, root()), 0.5);
+  // A container with its own cgroup namespace sees itself at the root.
+  Write("cpu.max", "400000 100000\n");
+  EXPECT_DOUBLE_EQ(*CgroupCpuQuota("0::/\n", root()), 4.0);
+}
+
+TEST_F(FakeCgroups, V1QuotaOverPeriod) {
+  const std::string self = "12:memory:/job\n4:cpu,cpuacct:/job/step\n";
+  Write("cpu,cpuacct/job/step/cpu.cfs_quota_us", "-1\n");
+  Write("cpu,cpuacct/job/step/cpu.cfs_period_us", "100000\n");
+  EXPECT_FALSE(CgroupCpuQuota(self, root()).has_value());  // -1: no limit
+  Write("cpu,cpuacct/job/cpu.cfs_quota_us", "300000\n");
+  Write("cpu,cpuacct/job/cpu.cfs_period_us", "100000\n");
+  EXPECT_DOUBLE_EQ(*CgroupCpuQuota(self, root()), 3.0);
+  // Only the "cpu" controller's hierarchy counts.
+  EXPECT_FALSE(CgroupCpuQuota("12:memory:/job/step\n", root()).has_value());
+  // Garbage is no limit, not a crash.
+  Write("cpu,cpuacct/job/cpu.cfs_quota_us", "lots\n");
+  EXPECT_FALSE(CgroupCpuQuota(self, root()).has_value());
+  EXPECT_FALSE(CgroupCpuQuota("not a cgroup line\n", root()).has_value());
+}
+
+TEST(HostShareTest, SlurmTasksPerNode) {
+  EXPECT_EQ(SlurmTasksOnNode("4", 0), 4);
+  EXPECT_EQ(SlurmTasksOnNode("4", 1), 0);  // one node only
+  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 0), 2);
+  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 2), 2);
+  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 3), 1);
+  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 4), 0);
+  EXPECT_EQ(SlurmTasksOnNode("8,4(x2)", 2), 4);
+  EXPECT_EQ(SlurmTasksOnNode("x(3)", 0), 0);
+  EXPECT_EQ(SlurmTasksOnNode("2(x0)", 0), 0);
+  EXPECT_EQ(SlurmTasksOnNode("2(x3", 0), 0);
+  EXPECT_EQ(SlurmTasksOnNode("", 0), 0);
+  EXPECT_EQ(SlurmTasksOnNode("4", -1), 0);
+}
+
+HostShare Share(const std::map<std::string, std::string>& env, int online, int allowed,
+                std::optional<double> quota) {
+  return ComputeHostShare(
+      [&](const char* name) -> const char* {
+        auto it = env.find(name);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      online, allowed, quota);
+}
+
+TEST(HostShareTest, RanksAgainstTheFewestCores) {
+  // 4 Open MPI ranks on a 64-CPU host: fine, unless a limit leaves fewer.
+  const std::map<std::string, std::string> ompi = {{"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  EXPECT_FALSE(Share(ompi, 64, 64, std::nullopt).oversubscribed());
+  HostShare pinned = Share(ompi, 64, 2, std::nullopt);
+  EXPECT_TRUE(pinned.oversubscribed());
+  EXPECT_EQ(pinned.cores, 2);
+  EXPECT_EQ(pinned.cores_from, "CPU affinity");
+  HostShare quota = Share(ompi, 64, 64, 2.5);  // rounds up: 3 cores
+  EXPECT_EQ(quota.cores, 3);
+  EXPECT_TRUE(quota.oversubscribed());
+  EXPECT_TRUE(
+      absl::StrContains(quota.Describe(), "4 ranks on this host, 3 cores (cgroup quota 2.5"))
+      << quota.Describe();
+  EXPECT_EQ(Share(ompi, 64, 64, 0.2).cores, 1);             // at least one core
+  EXPECT_FALSE(Share(ompi, 64, 64, 4.0).oversubscribed());  // 4 ranks on 4: not over
+  // Slurm, then torchrun, when Open MPI does not say.
+  EXPECT_EQ(
+      Share({{"SLURM_STEP_TASKS_PER_NODE", "8(x2)"}, {"SLURM_NODEID", "1"}}, 4, 4, std::nullopt)
+          .local_ranks,
+      8);
+  EXPECT_EQ(Share({{"LOCAL_WORLD_SIZE", "3"}}, 2, 2, std::nullopt).local_ranks, 3);
+  EXPECT_EQ(
+      Share({{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}}, 2, 2, std::nullopt)
+          .local_ranks,
+      2);
+  // Unknown ranks per host: never oversubscribed by detection.
+  HostShare unknown = Share({}, 1, 1, std::nullopt);
+  EXPECT_FALSE(unknown.oversubscribed());
+  EXPECT_TRUE(absl::StrContains(unknown.Describe(), "ranks per host unknown"));
+}
+
+TEST(HostShareTest, TheEnvironmentOverridesDetection) {
+  EXPECT_TRUE(Share({{"STRATA_OVERSUBSCRIBED", "1"}}, 64, 64, std::nullopt).oversubscribed());
+  HostShare off = Share({{"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}, {"STRATA_OVERSUBSCRIBED", "0"}}, 2, 2,
+                        std::nullopt);
+  EXPECT_FALSE(off.oversubscribed());
+  EXPECT_TRUE(absl::StrContains(off.Describe(), "STRATA_OVERSUBSCRIBED=0")) << off.Describe();
+  HostShare bad = Share({{"STRATA_OVERSUBSCRIBED", "yes"}}, 2, 2, std::nullopt);
+  EXPECT_EQ(bad.invalid_force, "yes");
+  EXPECT_FALSE(bad.forced.has_value());
+}
+
+TEST(HostShareTest, ThisProcessHasAtLeastOneCore) {
+  const HostShare here = DetectHostShare();
+  EXPECT_GE(here.cores, 1);
+  EXPECT_FALSE(here.cores_from.empty());
+}
+
+}  // namespace
+}  // namespace strata::comm_internal
