@@ -1,7 +1,7 @@
 // The health of one communicator, shared by its operations: healthy,
 // failed (a deadline passed, a peer was lost), aborted by this rank, or
-// revoked. Backend-neutral (the Gloo and NCCL backends use it; the MPI
-// backend keeps the same rules in its CommState).
+// revoked. Backend-neutral: every backend's communicators use it (the MPI
+// backend through its CommState).
 //
 //   CommHealth health("group tp (rank 1 of 2, world rank 3)");
 //   STRATA_RETURN_IF_ERROR(health.CheckUsable("allreduce(sum, 4 x fp32) on ..."));

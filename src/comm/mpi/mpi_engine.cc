@@ -44,18 +44,33 @@ std::string Readable(absl::Duration d) {
 
 // ---- CommState --------------------------------------------------------------
 
+namespace {
+
+int RankIn(MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank;
+}
+
+int SizeOf(MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  return size;
+}
+
+}  // namespace
+
 CommState::CommState(MPI_Comm comm, MPI_Comm ctrl, std::string name, int world_rank,
                      std::string uid)
     : comm_(comm),
       ctrl_(ctrl),
       name_(std::move(name)),
+      rank_(RankIn(comm_)),
+      size_(SizeOf(comm_)),
       world_rank_(world_rank),
-      uid_(std::move(uid)) {
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-  where_ = absl::StrCat("group ", name_, " (rank ", rank_, " of ", size_, ", world rank ",
-                        world_rank_, ")");
-}
+      uid_(std::move(uid)),
+      health_(absl::StrCat("group ", name_, " (rank ", rank_, " of ", size_, ", world rank ",
+                           world_rank_, ")")) {}
 
 CommState::~CommState() {
   // MPI_Comm_free is local in Open MPI and lets pending operations finish;
@@ -63,66 +78,6 @@ CommState::~CommState() {
   if (Finalized()) return;
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   if (ctrl_ != MPI_COMM_NULL) MPI_Comm_free(&ctrl_);
-}
-
-absl::Status CommState::CheckUsable(absl::string_view op) const {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  absl::Status s;
-  switch (state_) {
-    case State::kHealthy:
-      return absl::OkStatus();
-    case State::kAborted:
-      return absl::FailedPreconditionError(
-          absl::StrCat(op, ": the communicator was aborted; shrink it or build a new one"));
-    case State::kRevoked:
-      s = absl::AbortedError(absl::StrCat(op, ": the communicator was revoked (",
-                                          failure_.message(), "); shrink it or build a new one"));
-      break;
-    case State::kFailed:
-      s = absl::FailedPreconditionError(absl::StrCat(
-          op, ": the communicator failed earlier and cannot be used (", failure_.message(),
-          "); revoke or abort it, then shrink it or build a new one"));
-      break;
-  }
-  failure_.ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { s.SetPayload(url, payload); });
-  return s;
-}
-
-absl::Status CommState::Health() const {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  switch (state_) {
-    case State::kHealthy:
-      return absl::OkStatus();
-    case State::kAborted:
-      return absl::AbortedError(absl::StrCat(where_, ": the communicator was aborted"));
-    case State::kRevoked:
-    case State::kFailed:
-      return failure_;
-  }
-  return absl::OkStatus();
-}
-
-void CommState::SetFailed(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  if (state_ != State::kHealthy) return;
-  state_ = status.code() == absl::StatusCode::kAborted ? State::kRevoked : State::kFailed;
-  failure_ = status;
-}
-
-void CommState::SetAborted() {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  if (state_ == State::kHealthy || state_ == State::kFailed) {
-    if (failure_.ok()) failure_ = absl::AbortedError(absl::StrCat(where_, ": aborted"));
-    state_ = State::kAborted;
-  }
-}
-
-void CommState::SetRevoked(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(health_mu_);
-  if (state_ == State::kRevoked) return;
-  state_ = State::kRevoked;
-  failure_ = status;
 }
 
 // ---- Wakeup -----------------------------------------------------------------

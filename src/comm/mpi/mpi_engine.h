@@ -49,6 +49,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "comm/common/health.h"
+#include "comm/common/health.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "strata/comm/backend.h"
 
@@ -76,7 +78,7 @@ class CommState {
   int size() const { return size_; }
   int world_rank() const { return world_rank_; }
   // "group tp (rank 1 of 2, world rank 3)".
-  const std::string& where() const { return where_; }
+  const std::string& where() const { return health_.where(); }
 
   // Serialises the starting of operations, so that MPI sees them in the
   // order of the engine's queue; held while an operation is started.
@@ -90,35 +92,31 @@ class CommState {
   // Names the PMIx group when Shrink creates a communicator.
   const std::string& uid() const { return uid_; }
 
-  // OK while usable; otherwise why not, as the status a new operation
-  // fails with (FailedPrecondition after Abort or a failure, Aborted after
-  // a revocation). `op` names the operation and the group and starts the
+  // The communicator's health (comm_internal::CommHealth has the rules):
+  // OK while usable; otherwise why not, as the status a new operation fails
+  // with (FailedPrecondition after Abort or a failure, Aborted after a
+  // revocation). `op` names the operation and the group and starts the
   // message.
-  absl::Status CheckUsable(absl::string_view op) const;
+  absl::Status CheckUsable(absl::string_view op) const { return health_.CheckUsable(op); }
   // OK while healthy; else the error that broke the communicator.
-  absl::Status Health() const;
+  absl::Status Health() const { return health_.Health(); }
   // Records the first failure (a passed deadline, a lost peer).
-  void SetFailed(const absl::Status& status);
-  void SetAborted();
-  void SetRevoked(const absl::Status& status);
+  void SetFailed(const absl::Status& status) { health_.SetFailed(status); }
+  void SetAborted() { health_.SetAborted(); }
+  void SetRevoked(const absl::Status& status) { health_.SetRevoked(status); }
 
  private:
-  enum class State { kHealthy, kFailed, kAborted, kRevoked };
-
   MPI_Comm comm_;
   MPI_Comm ctrl_;
   std::string name_;
   int rank_ = 0;
   int size_ = 1;
   int world_rank_ = 0;
-  std::string where_;
   std::mutex issue_mu_;
   const std::string uid_;
   int shrink_seq_ = 0;
   int split_seq_ = 0;
-  mutable std::mutex health_mu_;
-  State state_ = State::kHealthy;
-  absl::Status failure_;
+  comm_internal::CommHealth health_;
 };
 
 // How the engine thread learns that a caller waits or an operation
