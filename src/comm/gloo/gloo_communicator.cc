@@ -21,23 +21,30 @@ namespace {
 using comm_internal::DescribeOp;
 
 // Slots of user point-to-point messages (messages on one slot between two
-// ranks match in the order they were posted): a header with the byte count,
-// the message's first part, and its rest in chunks on a slot of the
-// message's own, numbered by the count of messages between the two ranks.
-constexpr uint32_t kHeaderSlot = 0;
-constexpr uint32_t kPayloadSlot = 1;    // the first part of each message
+// ranks match in the order they were posted): each message's first part,
+// and its rest in chunks on a slot of the message's own, numbered by the
+// count of messages between the two ranks.
+constexpr uint32_t kFirstSlot = 1;
 constexpr uint32_t kChunkSlotBase = 2;  // + the message's number modulo kChunkSlots
 constexpr uint32_t kChunkSlots = uint32_t{1} << 30;
-// A message's first part and each chunk of its rest hold at most this many
-// bytes (the first part at least one). The receiver posts a receive of
-// exactly this size for the first part and for every chunk its buffer
-// holds, together with the header's, so a message of the expected size
+// The first part is the byte count (8 bytes) and up to kInline bytes of
+// the payload, copied together so that a small message is one Gloo
+// transfer; each chunk of the rest holds at most kChunk bytes. The receiver
+// posts a receive of the first part's full size and one of each chunk's
+// full size for every chunk its buffer holds, at once, so a message of the expected size
 // needs no round trip at any size, and no sender can send more into a
 // receive than it holds (Gloo would assert).
-constexpr size_t kPart = size_t{1} << 20;
+constexpr size_t kHeader = sizeof(uint64_t);
+constexpr size_t kInline = size_t{64} << 10;
+constexpr size_t kChunk = size_t{1} << 20;
 
-// The chunks of a message of `bytes` after its first part.
-size_t Chunks(size_t bytes) { return bytes <= kPart ? 0 : (bytes - 1) / kPart; }
+// The chunks of a message of `bytes` after its first part: chunk i holds
+// bytes [ChunkStart(i), min((i + 1) kChunk, bytes)), so chunk 0 starts after
+// the inline bytes and the others on kChunk boundaries (a message of whole
+// MiBs fills every receive it needs: nothing to stage).
+size_t Chunks(size_t bytes) { return bytes <= kInline ? 0 : (bytes - 1) / kChunk + 1; }
+size_t ChunkStart(size_t i) { return i == 0 ? kInline : i * kChunk; }
+size_t ChunkEnd(size_t i) { return (i + 1) * kChunk; }
 
 bool CanMove(DataType) { return true; }
 bool CanReduce(DataType t) { return t != DataType::kBool; }
@@ -65,21 +72,19 @@ void* NonNull(void* p) {
 struct Transfer {
   std::mutex mu;
   bool interrupted = false;
-  uint64_t header = 0;  // the payload's byte count
-  uint32_t chunk_slot = 0;
-  std::unique_ptr<gloo_plugin::Pending> header_op;
   std::unique_ptr<gloo_plugin::Pending> first_op;                // the first part
   std::vector<std::unique_ptr<gloo_plugin::Pending>> chunk_ops;  // the rest, in order
-  // Where the first part and the last chunk land when the receive buffer
-  // holds less than a whole part there.
-  std::unique_ptr<char[]> first_staging;
+  uint32_t chunk_slot = 0;
+  // The first part: the byte count, then the payload's first kInline bytes.
+  std::unique_ptr<char[]> first{new char[kHeader + kInline]};
+  // Where the last chunk lands when the receive buffer holds less than a
+  // whole one there.
   std::unique_ptr<char[]> last_staging;
   std::unique_ptr<char[]> drain;  // chunks beyond the receive buffer land here
 
   void Interrupt() {
     std::lock_guard<std::mutex> lock(mu);
     interrupted = true;
-    if (header_op) header_op->Abort();
     if (first_op) first_op->Abort();
     for (auto& op : chunk_ops) {
       if (op) op->Abort();
@@ -305,45 +310,41 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions&
   });
 }
 
-// A send posts a header (the byte count), the message's first part (up to
-// kPart bytes; one byte of padding for an empty message) and the chunks of
-// its rest; the completer waits for all of them. The receiver posts the
-// header's receive, a kPart-byte receive for the first part and one for
-// every chunk its buffer holds, at once: a message of the size it expects
-// needs no round trip. The header tells it the size: chunks sent beyond its
-// buffer are drained, and a mismatch is an error naming both counts. When
-// the message is shorter, receives of chunks that never come stay posted on
-// that message's slot, which no later message uses (until the count of
-// messages between the two ranks wraps at kChunkSlots).
+// A send posts the message's first part (its byte count and up to kInline
+// bytes of it, copied together) and the chunks of its rest; the completer
+// waits for them. The receiver posts a receive for the first part and one
+// for every chunk its buffer holds, at once: a message of the size it
+// expects needs no round trip. The first part tells it the size: chunks
+// sent beyond its buffer are drained, and a mismatch is an error naming
+// both counts. When the message is shorter, receives of chunks that never
+// come stay posted on that message's slot, which no later message uses
+// (until the count of messages between the two ranks wraps at kChunkSlots).
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer, int peer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidatePeer(info(), "send", buffer, peer, GlooCapabilities()));
   auto t = std::make_shared<Transfer>();
-  t->header = Bytes(buffer.count, buffer.dtype);
+  const uint64_t bytes = Bytes(buffer.count, buffer.dtype);
+  const size_t inline_bytes = std::min<size_t>(bytes, kInline);
+  std::memcpy(t->first.get(), &bytes, kHeader);
+  if (inline_bytes > 0) std::memcpy(t->first.get() + kHeader, buffer.data, inline_bytes);
   const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
   auto result = Start(
       Kind::kPointToPoint, what, options,
-      [this, t, buffer, peer](const Step& step) {
+      [this, t, buffer, peer, bytes, inline_bytes](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
-        const size_t bytes = t->header;
         const uint32_t slot = kChunkSlotBase + sent_to_[peer]++ % kChunkSlots;
         STRATA_RETURN_IF_ERROR(FromPlugin(
-            context_->Send(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
+            context_->Send(t->first.get(), kHeader + inline_bytes, peer, kFirstSlot, &t->first_op),
             step.description));
         const char* data = static_cast<const char*>(buffer.data);
-        const void* first = bytes == 0 ? static_cast<const void*>(&t->header) : data;
-        STRATA_RETURN_IF_ERROR(
-            FromPlugin(context_->Send(first, std::max<size_t>(1, std::min(bytes, kPart)), peer,
-                                      kPayloadSlot, &t->first_op),
-                       step.description));
         t->chunk_ops.resize(Chunks(bytes));
         for (size_t i = 0; i < t->chunk_ops.size(); ++i) {
-          const size_t offset = (i + 1) * kPart;
-          STRATA_RETURN_IF_ERROR(
-              FromPlugin(context_->Send(data + offset, std::min(kPart, bytes - offset), peer, slot,
-                                        &t->chunk_ops[i]),
-                         step.description));
+          const size_t offset = ChunkStart(i);
+          STRATA_RETURN_IF_ERROR(FromPlugin(
+              context_->Send(data + offset, std::min<size_t>(ChunkEnd(i), bytes) - offset, peer,
+                             slot, &t->chunk_ops[i]),
+              step.description));
         }
         return absl::OkStatus();
       },
@@ -355,7 +356,6 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
           s = t->Await(t->chunk_ops[i - 1].get(), deadline, what);
         }
         if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
-        if (s.ok()) s = t->Await(t->header_op.get(), deadline, what);
         if (!s.ok()) Bury(t);
         return s;
       },
@@ -377,37 +377,28 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
         std::lock_guard<std::mutex> lock(t->mu);
         t->chunk_slot = kChunkSlotBase + received_from_[peer]++ % kChunkSlots;
         STRATA_RETURN_IF_ERROR(FromPlugin(
-            context_->Recv(&t->header, sizeof(t->header), peer, kHeaderSlot, &t->header_op),
+            context_->Recv(t->first.get(), kHeader + kInline, peer, kFirstSlot, &t->first_op),
             step.description));
         char* data = static_cast<char*>(buffer.data);
-        char* first = data;
-        if (capacity < kPart) {
-          t->first_staging.reset(new char[kPart]);
-          first = t->first_staging.get();
-        }
-        STRATA_RETURN_IF_ERROR(FromPlugin(
-            context_->Recv(first, kPart, peer, kPayloadSlot, &t->first_op), step.description));
         t->chunk_ops.resize(expected_chunks);
         for (size_t i = 0; i < expected_chunks; ++i) {
-          const size_t offset = (i + 1) * kPart;
+          const size_t offset = ChunkStart(i), room = ChunkEnd(i) - offset;
           char* target = data + offset;
-          if (capacity - offset < kPart) {
-            t->last_staging.reset(new char[kPart]);
+          if (capacity < ChunkEnd(i)) {
+            t->last_staging.reset(new char[room]);
             target = t->last_staging.get();
           }
           STRATA_RETURN_IF_ERROR(
-              FromPlugin(context_->Recv(target, kPart, peer, t->chunk_slot, &t->chunk_ops[i]),
+              FromPlugin(context_->Recv(target, room, peer, t->chunk_slot, &t->chunk_ops[i]),
                          step.description));
         }
         return absl::OkStatus();
       },
       [this, t, buffer, peer, capacity, expected_chunks,
        what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
-        // Every message has a first part, sent after its header: once it is
-        // here, so is the header (one wake-up for both).
         absl::Status s = t->Await(t->first_op.get(), deadline, what);
-        if (s.ok()) s = t->Await(t->header_op.get(), deadline, what);
-        const size_t incoming = static_cast<size_t>(t->header);
+        uint64_t incoming = 0;
+        if (s.ok()) std::memcpy(&incoming, t->first.get(), kHeader);
         const size_t sent_chunks = Chunks(incoming);
         if (s.ok() && sent_chunks > expected_chunks) {
           // Receive what the buffer has no room for, so that the sender
@@ -416,12 +407,12 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
           if (t->interrupted) {
             s = absl::AbortedError(absl::StrCat(what, ": interrupted"));
           } else {
-            t->drain.reset(new char[kPart]);
+            t->drain.reset(new char[kChunk]);
             t->chunk_ops.resize(sent_chunks);
             for (size_t i = expected_chunks; s.ok() && i < sent_chunks; ++i) {
-              s = FromPlugin(
-                  context_->Recv(t->drain.get(), kPart, peer, t->chunk_slot, &t->chunk_ops[i]),
-                  what);
+              s = FromPlugin(context_->Recv(t->drain.get(), ChunkEnd(i) - ChunkStart(i), peer,
+                                            t->chunk_slot, &t->chunk_ops[i]),
+                             what);
             }
           }
         }
@@ -430,11 +421,13 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
         }
         if (!s.ok() || sent_chunks < expected_chunks) Bury(t);  // receives still posted
         if (!s.ok()) return s;
-        const size_t held = std::min(incoming, capacity);
-        if (t->first_staging && held > 0) std::memcpy(buffer.data, t->first_staging.get(), held);
-        const size_t last = expected_chunks * kPart;  // where the last chunk starts
-        if (t->last_staging && held > last) {
-          std::memcpy(static_cast<char*>(buffer.data) + last, t->last_staging.get(), held - last);
+        const size_t held = std::min<size_t>(incoming, capacity);
+        if (held > 0) std::memcpy(buffer.data, t->first.get() + kHeader, std::min(held, kInline));
+        if (t->last_staging) {
+          const size_t last = ChunkStart(expected_chunks - 1);  // where the last chunk starts
+          if (held > last) {
+            std::memcpy(static_cast<char*>(buffer.data) + last, t->last_staging.get(), held - last);
+          }
         }
         if (incoming == capacity) return absl::OkStatus();
         const size_t elem = DataTypeSize(buffer.dtype);

@@ -380,18 +380,13 @@ TEST(GlooThreadsTest, MismatchedPointToPointSizesAreErrorsNotCrashes) {
 // and large into small) are errors that leave the pair in step.
 TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
   constexpr size_t kMiB = size_t{1} << 20;
-  // int32 elements: around the first part (1 MiB) and the chunks after it
-  // (1 MiB each, the last one shorter), up to 8 MiB + 12 bytes.
-  const std::vector<size_t> counts = {0,
-                                      1,
-                                      kMiB / 4 - 1,
-                                      kMiB / 4,
-                                      kMiB / 4 + 1,
-                                      kMiB / 2,
-                                      kMiB / 2 + 1,
-                                      3 * kMiB / 4 + 5,
-                                      kMiB,
-                                      2 * kMiB + 3};
+  // int32 elements: around the first part (the count and 64 KiB) and the
+  // chunks after it (up to 1 MiB, the rest of the message's first MiB, then
+  // each further MiB), up to 8 MiB + 12 bytes.
+  constexpr size_t kInline = 16 << 10, kChunk = kMiB / 4;  // in elements
+  const std::vector<size_t> counts = {
+      0,      1,          kInline - 1, kInline,          kInline + 1, kChunk - 1,
+      kChunk, kChunk + 1, kMiB / 2,    3 * kMiB / 4 + 5, kMiB,        2 * kMiB + 3};
   OnRanks(2, [&](int r, Communicator& c) {
     for (size_t n : counts) {
       std::vector<int32_t> data(n);
@@ -416,7 +411,10 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
                                                           {4, 0},
                                                           {kMiB / 2 + 7, kMiB / 2 + 3},
                                                           {kMiB / 2 + 3, kMiB / 2 + 7},
-                                                          {3 * kMiB / 4 + 5, kMiB / 4 + 1}};
+                                                          {3 * kMiB / 4 + 5, kMiB / 4 + 1},
+                                                          {kInline + 1, kInline},
+                                                          {kInline, kInline + 1},
+                                                          {kInline - 1, 3}};
     for (const auto& [sent, held] : pairs) {
       std::vector<int32_t> data(std::max(sent, held), 5);
       if (r == 0) {
@@ -431,7 +429,7 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
     }
     // Still in step: exact transfers across the first part and the chunks,
     // every element checked.
-    for (size_t n : {kMiB / 2 + 3, 3 * kMiB / 4 + 5, kMiB}) {
+    for (size_t n : {size_t{5}, kInline + 7, kMiB / 2 + 3, 3 * kMiB / 4 + 5, kMiB}) {
       std::vector<int32_t> last(n, 0);
       if (r == 0) {
         for (size_t i = 0; i < n; ++i) last[i] = static_cast<int32_t>(i ^ n);
