@@ -1,7 +1,6 @@
 #include "comm/common/host_share.h"
 
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
