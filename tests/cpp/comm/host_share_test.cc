@@ -3,6 +3,8 @@
 // cgroup's ancestors) and the STRATA_OVERSUBSCRIBED override.
 #include "comm/common/host_share.h"
 
+#include <sched.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -137,10 +139,24 @@ TEST(HostShareTest, TheEnvironmentOverridesDetection) {
   EXPECT_FALSE(bad.forced.has_value());
 }
 
-TEST(HostShareTest, ThisProcessHasAtLeastOneCore) {
-  const HostShare here = DetectHostShare();
-  EXPECT_GE(here.cores, 1);
-  EXPECT_FALSE(here.cores_from.empty());
+// The real detection: pinned to one CPU, this process has one core.
+TEST(HostShareTest, ThisProcessPinnedToOneCpuHasOneCore) {
+  cpu_set_t saved;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(saved), &saved), 0);
+  const HostShare before = DetectHostShare();
+  EXPECT_GE(before.cores, 1);
+  EXPECT_LE(before.cores, CPU_COUNT(&saved));
+  if (CPU_COUNT(&saved) < 2) GTEST_SKIP() << "one CPU only: pinning changes nothing";
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const HostShare pinned = DetectHostShare();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(saved), &saved), 0);
+  EXPECT_EQ(pinned.cores, 1);
+  EXPECT_EQ(pinned.cores_from, "CPU affinity");
 }
 
 }  // namespace
