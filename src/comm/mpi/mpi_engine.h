@@ -50,7 +50,6 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "comm/common/health.h"
-#include "comm/common/health.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "strata/comm/backend.h"
 
