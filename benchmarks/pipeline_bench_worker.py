@@ -172,7 +172,7 @@ def main():
                 torch_sched.step()
             return time.perf_counter() - t0
 
-        ours_t, torch_t, bubbles, sim_bubbles = [], [], [], []
+        ours_t, torch_t, bubbles, sim_bubbles, spreads = [], [], [], [], []
         for k in range(args.warmup + args.rounds):
             # Alternate which goes first, so neither always follows the other.
             order = (0, 1) if k % 2 == 0 else (1, 0)
@@ -189,6 +189,15 @@ def main():
                     # Every rank's compute durations, for the replay.
                     mine = torch.tensor([e - b for _, b, e in stats.timings],
                                         dtype=torch.float64)
+                    # How much one stage's forwards (and backwards) vary
+                    # within the step: the coefficient of variation, mean
+                    # over F, B and the ranks.
+                    spread = torch.tensor([statistics.mean(
+                        statistics.pstdev(d) / statistics.mean(d)
+                        for d in ([e - b for lbl, b, e in stats.timings if kind in lbl]
+                                  for kind in "FB") if len(d) > 1) if m > 1 else 0.0],
+                        dtype=torch.float64)
+                    world.group().allreduce(spread, op="avg")
                     every = torch.zeros(p * mine.numel(), dtype=torch.float64)
                     world.group().allgather(every, mine)
                     if k >= args.warmup:
@@ -196,6 +205,7 @@ def main():
                         bubbles.append(1.0 - busy.item() / makespan)
                         sim_bubbles.append(replayed_bubble(ours_sched.schedule,
                                                            every.view(p, -1).tolist()))
+                        spreads.append(spread.item())
                 else:
                     s = slowest(run_torch())
                     if k >= args.warmup:
@@ -206,6 +216,7 @@ def main():
             "torch_ms": 1e3 * statistics.median(torch_t),
             "bubble": statistics.median(bubbles),
             "replayed_bubble": statistics.median(sim_bubbles),
+            "compute_cv": statistics.median(spreads),
             "theory": (p - 1) / (m + p - 1),
             "peak_in_flight": ours_sched.stats.peak_in_flight,
         })

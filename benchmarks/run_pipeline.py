@@ -114,6 +114,9 @@ def main():
                          "strata": abs(c["bubble"] - replay) / replay,
                          "peer": "replay of the step's measured compute, free transfers",
                          "peer_value": replay, "ratio": None, "target": None})
+            rows.append({"case": case, "metric": "compute spread: CV of a stage's F (B) times",
+                         "unit": "-", "strata": c["compute_cv"], "peer": None,
+                         "peer_value": None, "ratio": None, "target": None})
     mlp = models[0][1]
     load = f"load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after, on "
     load += f"{os.cpu_count()} cores"
@@ -134,7 +137,12 @@ def main():
              "the same step's measured compute durations replayed through the schedule with "
              "free transfers and no runner overhead (so |measured - replay| is what the runner "
              "and the transfers add; |replay - theory| is what uneven and varying compute "
-             "times add). glibc is told to keep freed memory (MALLOC_MMAP_THRESHOLD_, "
+             "times add). Compute spread: the coefficient of variation of one stage's forward "
+             "(and backward) durations within a step, mean over F, B and the ranks; in 1F1B's "
+             "steady state each step waits for the slower of two ranks' operations, so a "
+             "spread of s adds roughly 0.56 s of the per-microbatch time to the makespan (the "
+             "expected excess of the larger of two draws), which the theory leaves out. "
+             "glibc is told to keep freed memory (MALLOC_MMAP_THRESHOLD_, "
              f"MALLOC_TRIM_THRESHOLD_) in every process, both libraries alike. This run: {load}.")
     path = bench_util.write_results("pipeline", "python3 benchmarks/run_pipeline.py", rows,
                                     notes=notes)
