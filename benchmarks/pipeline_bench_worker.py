@@ -76,6 +76,18 @@ def loss_fn(out, target):
 _COMPUTE = re.compile(r"(\d+)([FB])(\d+)")
 
 
+def compute_spread(timings):
+    """How much this rank's forwards (and backwards) vary within a step:
+    their coefficient of variation, mean over F and B (0 with fewer than
+    two of each)."""
+    cvs = []
+    for kind in "FB":
+        d = [e - b for label, b, e in timings if kind in label]
+        if len(d) > 1:
+            cvs.append(statistics.pstdev(d) / statistics.mean(d))
+    return statistics.mean(cvs) if cvs else 0.0
+
+
 def replayed_bubble(schedule, durations):
     """The bubble this step would have had with free transfers and no
     runner overhead: every rank's F and B actions replayed in its list's
@@ -189,14 +201,8 @@ def main():
                     # Every rank's compute durations, for the replay.
                     mine = torch.tensor([e - b for _, b, e in stats.timings],
                                         dtype=torch.float64)
-                    # How much one stage's forwards (and backwards) vary
-                    # within the step: the coefficient of variation, mean
-                    # over F, B and the ranks.
-                    spread = torch.tensor([statistics.mean(
-                        statistics.pstdev(d) / statistics.mean(d)
-                        for d in ([e - b for lbl, b, e in stats.timings if kind in lbl]
-                                  for kind in "FB") if len(d) > 1) if m > 1 else 0.0],
-                        dtype=torch.float64)
+                    spread = torch.tensor([compute_spread(stats.timings)],
+                                          dtype=torch.float64)
                     world.group().allreduce(spread, op="avg")
                     every = torch.zeros(p * mine.numel(), dtype=torch.float64)
                     world.group().allgather(every, mine)
