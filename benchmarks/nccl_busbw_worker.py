@@ -20,9 +20,7 @@ import torch.distributed as dist
 import strata
 import strata.nccl
 
-
-def bus_factor(op, n):
-    return 2.0 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+from bench_util import bus_factor  # this script's directory is on sys.path
 
 
 def buffers(op, nbytes, n, device):

@@ -13,27 +13,35 @@ if(STRATA_HAVE_GLOO AND STRATA_TORCH_DIR)
   set(STRATA_CAN_TORCHRUN TRUE)
 endif()
 
-# strata_add_gtest(<name> SOURCES a.cc ... [LIBS ...] [TIMEOUT s])
-# A single-process GoogleTest binary; each TEST becomes a CTest test.
-function(strata_add_gtest name)
-  cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+# strata_discover_gtests(<target> [TIMEOUT s] [LABELS ...])
+# Makes each TEST of GoogleTest binary <target> a CTest test, labelled
+# "unit" plus LABELS.
+function(strata_discover_gtests target)
+  cmake_parse_arguments(A "" "TIMEOUT" "LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
-  add_executable(${name} ${A_SOURCES})
-  target_link_libraries(${name} PRIVATE strata_testing GTest::gtest GTest::gmock GTest::gtest_main ${A_LIBS})
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS unit)
+  gtest_discover_tests(${target} DISCOVERY_TIMEOUT 120 PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS unit)
   if(A_LABELS)
     # gtest_discover_tests() cannot pass a list-valued property through to
     # the tests it discovers (every label after the first is lost), so the
     # extra labels are set by a file ctest reads after the discovered tests.
-    set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake)
+    set(_labels_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
     file(WRITE ${_labels_file}
-         "if(DEFINED ${name}_TESTS)\n"
-         "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"unit;${A_LABELS}\")\n"
+         "if(DEFINED ${target}_TESTS)\n"
+         "  set_tests_properties(\${${target}_TESTS} PROPERTIES LABELS \"unit;${A_LABELS}\")\n"
          "endif()\n")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${_labels_file})
   endif()
+endfunction()
+
+# strata_add_gtest(<name> SOURCES a.cc ... [LIBS ...] [TIMEOUT s] [LABELS ...])
+# A single-process GoogleTest binary; each TEST becomes a CTest test.
+function(strata_add_gtest name)
+  cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE strata_testing GTest::gtest GTest::gmock GTest::gtest_main ${A_LIBS})
+  strata_discover_gtests(${name} TIMEOUT ${A_TIMEOUT} LABELS ${A_LABELS})
 endfunction()
 
 # strata_add_multirank_test(<name> NP <n> [TIMEOUT s] [FT] COMMAND cmd args...)
