@@ -78,6 +78,17 @@ const char* Stage(Op& op, const void* data, size_t bytes) {
   return op.scratch.back().data();
 }
 
+// Starts one nonblocking MPI call on `comm` for `op`: `call(&request)`
+// returns MPI's error code; the request joins the operation's.
+template <typename Call>
+absl::Status Post(Op& op, MPI_Comm comm, const Call& call) {
+  MPI_Request r;
+  const int rc = call(&r);
+  if (rc != MPI_SUCCESS) return FromMpi(rc, comm, op.description());
+  op.requests.push_back(r);
+  return absl::OkStatus();
+}
+
 // True when `bytes` reach a size threshold of MpiOptions (0: never).
 bool AtLeast(size_t bytes, size_t threshold) { return threshold != 0 && bytes >= threshold; }
 
@@ -192,13 +203,11 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllReduce(ConstBuffer sen
     }
     auto start = [&]() {
       return ForChunks(recv.count, limit, [&](size_t off, int n) {
-        MPI_Request r;
         const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
-        int rc =
-            MPI_Iallreduce(s, At(recv.data, off, recv.dtype), n, type, mpi_op, state_->comm(), &r);
-        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-        o.requests.push_back(r);
-        return absl::OkStatus();
+        return Post(o, state_->comm(), [&](MPI_Request* r) {
+          return MPI_Iallreduce(s, At(recv.data, off, recv.dtype), n, type, mpi_op, state_->comm(),
+                                r);
+        });
       });
     };
     if (AtLeast(Bytes(recv.count, recv.dtype), engine_->options().ring_allreduce_min_bytes)) {
@@ -215,12 +224,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Broadcast(Buffer buffer, 
   const size_t limit = engine_->max_elements_per_call();
   return Start(what, options, [&](Op& o) {
     return ForChunks(buffer.count, limit, [&](size_t off, int n) {
-      MPI_Request r;
-      int rc = MPI_Ibcast(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), root,
-                          state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Ibcast(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), root,
+                          state_->comm(), r);
+      });
     });
   });
 }
@@ -247,13 +254,11 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Reduce(ConstBuffer send, 
     }
     auto start = [&]() {
       return ForChunks(send.count, limit, [&](size_t off, int n) {
-        MPI_Request r;
         const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
         void* d = is_root ? At(recv.data, off, recv.dtype) : nullptr;
-        int rc = MPI_Ireduce(s, d, n, type, mpi_op, root, state_->comm(), &r);
-        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-        o.requests.push_back(r);
-        return absl::OkStatus();
+        return Post(o, state_->comm(), [&](MPI_Request* r) {
+          return MPI_Ireduce(s, d, n, type, mpi_op, root, state_->comm(), r);
+        });
       });
     };
     // Every rank must pick the same algorithm: decide on the send size.
@@ -275,13 +280,11 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllGather(ConstBuffer sen
   return Start(what, options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     if (block <= limit) {
-      MPI_Request r;
       const void* s = in_place ? MPI_IN_PLACE : send.data;
-      int rc = MPI_Iallgather(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
-                              type, state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Iallgather(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
+                              type, state_->comm(), r);
+      });
     }
     // Blocks larger than one call: gather chunk by chunk, each landing in
     // every rank's block through a datatype whose extent is one block.
@@ -289,13 +292,13 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllGather(ConstBuffer sen
                                   : static_cast<const char*>(send.data);
     return ForChunks(block, limit, [&](size_t off, int n) {
       STRATA_ASSIGN_OR_RETURN(MPI_Datatype strided, StridedChunk(recv.dtype, n, block));
-      MPI_Request r;
-      int rc = MPI_Iallgather(At(source, off, send.dtype), n, type, At(recv.data, off, recv.dtype),
-                              1, strided, state_->comm(), &r);
-      MPI_Type_free(&strided);  // MPI keeps it until the request completes
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        const int rc =
+            MPI_Iallgather(At(source, off, send.dtype), n, type, At(recv.data, off, recv.dtype), 1,
+                           strided, state_->comm(), r);
+        MPI_Type_free(&strided);  // MPI keeps it until the request completes
+        return rc;
+      });
     });
   });
 }
@@ -325,13 +328,11 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer
         AtLeast(Bytes(block, recv.dtype), tuning.per_root_reduce_scatter_min_bytes) &&
         size <= tuning.per_root_reduce_scatter_max_ranks;
     if (block <= limit && !per_root) {
-      MPI_Request r;
       const void* s = in_place ? MPI_IN_PLACE : send.data;
-      int rc = MPI_Ireduce_scatter_block(s, recv.data, static_cast<int>(block), type, mpi_op,
-                                         state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Ireduce_scatter_block(s, recv.data, static_cast<int>(block), type, mpi_op,
+                                         state_->comm(), r);
+      });
     }
     // One binomial reduce per destination rank (and chunk), all in flight:
     // for blocks larger than one MPI call (MPI has no strided
@@ -342,12 +343,11 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer
     return WithNbcAlgorithm(NbcCollective::kIreduce, kNbcReduceBinomial, [&]() {
       return ForChunks(block, limit, [&](size_t off, int n) {
         for (int root = 0; root < size; ++root) {
-          MPI_Request r;
           void* d = root == me ? At(recv.data, off, recv.dtype) : nullptr;
-          int rc = MPI_Ireduce(At(source, block * root + off, send.dtype), d, n, type, mpi_op, root,
-                               state_->comm(), &r);
-          if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-          o.requests.push_back(r);
+          STRATA_RETURN_IF_ERROR(Post(o, state_->comm(), [&](MPI_Request* r) {
+            return MPI_Ireduce(At(source, block * root + off, send.dtype), d, n, type, mpi_op, root,
+                               state_->comm(), r);
+          }));
         }
         return absl::OkStatus();
       });
@@ -365,25 +365,22 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAll(ConstBuffer send
   return Start(what, options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     if (block <= limit) {
-      MPI_Request r;
       const void* s = in_place ? MPI_IN_PLACE : send.data;
-      int rc = MPI_Ialltoall(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
-                             type, state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Ialltoall(s, static_cast<int>(block), type, recv.data, static_cast<int>(block),
+                             type, state_->comm(), r);
+      });
     }
     const char* source = in_place ? Stage(o, send.data, Bytes(send.count, send.dtype))
                                   : static_cast<const char*>(send.data);
     return ForChunks(block, limit, [&](size_t off, int n) {
       STRATA_ASSIGN_OR_RETURN(MPI_Datatype strided, StridedChunk(send.dtype, n, block));
-      MPI_Request r;
-      int rc = MPI_Ialltoall(At(source, off, send.dtype), 1, strided,
-                             At(recv.data, off, recv.dtype), 1, strided, state_->comm(), &r);
-      MPI_Type_free(&strided);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        const int rc = MPI_Ialltoall(At(source, off, send.dtype), 1, strided,
+                                     At(recv.data, off, recv.dtype), 1, strided, state_->comm(), r);
+        MPI_Type_free(&strided);  // MPI keeps it until the request completes
+        return rc;
+      });
     });
   });
 }
@@ -421,12 +418,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
       // sends from a staged copy instead.
       const void* source =
           in_place ? Stage(o, send.data, Bytes(send.count, send.dtype)) : send.data;
-      MPI_Request r;
-      int rc = MPI_Ialltoallv(source, sc.data(), sd.data(), type, recv.data, rc_.data(), rd.data(),
-                              type, state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Ialltoallv(source, sc.data(), sd.data(), type, recv.data, rc_.data(), rd.data(),
+                              type, state_->comm(), r);
+      });
     }
     // Larger than MPI's int counts: point-to-point messages per peer,
     // chunked. Receives first, then sends; the own block is a copy.
@@ -442,12 +437,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
       const size_t n = counts.recv_counts[static_cast<size_t>(p)];
       if (n == 0) continue;
       STRATA_RETURN_IF_ERROR(ForChunks(n, limit, [&](size_t off, int c) {
-        MPI_Request r;
-        int rc = MPI_Irecv(At(recv.data, r_disp[static_cast<size_t>(p)] + off, recv.dtype), c, type,
-                           p, kAllToAllTag, state_->comm(), &r);
-        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-        o.requests.push_back(r);
-        return absl::OkStatus();
+        return Post(o, state_->comm(), [&](MPI_Request* r) {
+          return MPI_Irecv(At(recv.data, r_disp[static_cast<size_t>(p)] + off, recv.dtype), c, type,
+                           p, kAllToAllTag, state_->comm(), r);
+        });
       }));
     }
     for (int p = 0; p < size; ++p) {
@@ -455,12 +448,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
       const size_t n = counts.send_counts[static_cast<size_t>(p)];
       if (n == 0) continue;
       STRATA_RETURN_IF_ERROR(ForChunks(n, limit, [&](size_t off, int c) {
-        MPI_Request r;
-        int rc = MPI_Isend(At(source, s_disp[static_cast<size_t>(p)] + off, send.dtype), c, type, p,
-                           kAllToAllTag, state_->comm(), &r);
-        if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-        o.requests.push_back(r);
-        return absl::OkStatus();
+        return Post(o, state_->comm(), [&](MPI_Request* r) {
+          return MPI_Isend(At(source, s_disp[static_cast<size_t>(p)] + off, send.dtype), c, type, p,
+                           kAllToAllTag, state_->comm(), r);
+        });
       }));
     }
     const size_t own = counts.send_counts[static_cast<size_t>(me)];
@@ -474,11 +465,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
 
 absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Barrier(const OpOptions& options) {
   return Start(DescribeOp("barrier", ""), options, [&](Op& o) {
-    MPI_Request r;
-    int rc = MPI_Ibarrier(state_->comm(), &r);
-    if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-    o.requests.push_back(r);
-    return absl::OkStatus();
+    return Post(o, state_->comm(), [&](MPI_Request* r) { return MPI_Ibarrier(state_->comm(), r); });
   });
 }
 
@@ -490,12 +477,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Send(ConstBuffer buffer, 
   const size_t limit = engine_->max_elements_per_call();
   return Start(what, options, [&](Op& o) {
     return ForChunks(buffer.count, limit, [&](size_t off, int n) {
-      MPI_Request r;
-      int rc = MPI_Isend(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
-                         kUserTag, state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
-      return absl::OkStatus();
+      return Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Isend(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
+                         kUserTag, state_->comm(), r);
+      });
     });
   });
 }
@@ -509,11 +494,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Recv(Buffer buffer, int p
   return Start(what, options, [&](Op& o) {
     std::vector<int> expected;
     absl::Status s = ForChunks(buffer.count, limit, [&](size_t off, int n) {
-      MPI_Request r;
-      int rc = MPI_Irecv(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
-                         kUserTag, state_->comm(), &r);
-      if (rc != MPI_SUCCESS) return FromMpi(rc, state_->comm(), o.description());
-      o.requests.push_back(r);
+      STRATA_RETURN_IF_ERROR(Post(o, state_->comm(), [&](MPI_Request* r) {
+        return MPI_Irecv(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
+                         kUserTag, state_->comm(), r);
+      }));
       expected.push_back(n);
       return absl::OkStatus();
     });
