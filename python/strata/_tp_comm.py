@@ -59,6 +59,20 @@ def all_reduce(t, group, op="sum", async_op=False):
     return None
 
 
+def _landed(work, out, like, async_op):
+    """The result of ``work``, which fills the host tensor ``out``, on the
+    device of ``like``: the tensor, or ``(tensor, pending)`` with ``async_op``."""
+    if like.device.type == "cpu":
+        result, pending = out, _Pending(work)
+    else:
+        result = torch.empty(out.shape, dtype=like.dtype, device=like.device)
+        pending = _Pending(work, lambda: result.copy_(out))
+    if async_op:
+        return result, pending
+    pending.wait()
+    return result
+
+
 def all_gather_rows(t, group, async_op=False):
     """[size * n, ...] = every rank's ``t`` [n, ...] in rank order (a new tensor);
     with ``async_op`` returns ``(tensor, pending)``."""
@@ -68,16 +82,7 @@ def all_gather_rows(t, group, async_op=False):
     src = _host(t.contiguous())
     out = torch.empty((n * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
     work = group.allgather(out, src, async_op=True)
-    if t.device.type == "cpu":
-        pending = _Pending(work)
-        result = out
-    else:
-        result = torch.empty(out.shape, dtype=t.dtype, device=t.device)
-        pending = _Pending(work, lambda: result.copy_(out))
-    if async_op:
-        return result, pending
-    pending.wait()
-    return result
+    return _landed(work, out, t, async_op)
 
 
 def reduce_scatter_rows(t, group, async_op=False):
@@ -91,16 +96,7 @@ def reduce_scatter_rows(t, group, async_op=False):
     src = _host(t.contiguous())
     out = torch.empty((t.shape[0] // n,) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
     work = group.reduce_scatter(out, src, async_op=True)
-    if t.device.type == "cpu":
-        pending = _Pending(work)
-        result = out
-    else:
-        result = torch.empty(out.shape, dtype=t.dtype, device=t.device)
-        pending = _Pending(work, lambda: result.copy_(out))
-    if async_op:
-        return result, pending
-    pending.wait()
-    return result
+    return _landed(work, out, t, async_op)
 
 
 def all_gather_last(t, group):
@@ -162,53 +158,31 @@ class ReduceFromTP(torch.autograd.Function):
         return g, None
 
 
-class ReduceScatterToSP(torch.autograd.Function):
-    """Reduce-scatter along dim 0 (tokens) forward; all-gather backward."""
+def _mapping(name, doc, forward, backward):
+    """An autograd function that applies ``forward(x, group)`` to its input
+    and ``backward(g, group)`` to the gradient."""
 
-    @staticmethod
-    def forward(ctx, x, group):
+    def fwd(ctx, x, group):
         ctx.group = group
-        return reduce_scatter_rows(x, group)
+        return forward(x, group)
 
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather_rows(g.contiguous(), ctx.group), None
+    def bwd(ctx, g):
+        return backward(g.contiguous(), ctx.group), None
 
-
-class GatherFromSP(torch.autograd.Function):
-    """All-gather along dim 0 forward; reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_rows(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return reduce_scatter_rows(g.contiguous(), ctx.group), None
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "__module__": __name__,
+                 "forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class ScatterToSP(torch.autograd.Function):
-    """Split along dim 0 forward (keep this rank's tokens); all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return split_rows(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather_rows(g.contiguous(), ctx.group), None
-
-
-class GatherFromTP(torch.autograd.Function):
-    """All-gather along the last dim forward; split backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_last(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return split_last(g, ctx.group), None
+ReduceScatterToSP = _mapping(
+    "ReduceScatterToSP", "Reduce-scatter along dim 0 (tokens) forward; all-gather backward.",
+    reduce_scatter_rows, all_gather_rows)
+GatherFromSP = _mapping(
+    "GatherFromSP", "All-gather along dim 0 forward; reduce-scatter backward.",
+    all_gather_rows, reduce_scatter_rows)
+ScatterToSP = _mapping(
+    "ScatterToSP", "Split along dim 0 forward (keep this rank's tokens); all-gather backward.",
+    split_rows, all_gather_rows)
+GatherFromTP = _mapping(
+    "GatherFromTP", "All-gather along the last dim forward; split backward.",
+    all_gather_last, split_last)
