@@ -89,6 +89,15 @@ absl::Status Post(Op& op, MPI_Comm comm, const Call& call) {
   return absl::OkStatus();
 }
 
+// Makes `op` divide `recv` by the group's `size` once MPI has summed into
+// it (MPI has no average).
+void AverageWhenDone(Op& op, Buffer recv, int size) {
+  op.finish = [recv, size](absl::Span<const MPI_Status>) {
+    DivideInPlace(recv.dtype, recv.data, recv.count, size);
+    return absl::OkStatus();
+  };
+}
+
 // True when `bytes` reach a size threshold of MpiOptions (0: never).
 bool AtLeast(size_t bytes, size_t threshold) { return threshold != 0 && bytes >= threshold; }
 
@@ -195,12 +204,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllReduce(ConstBuffer sen
   return Start(what, options, [&](Op& o) {
     const MPI_Datatype type = MpiType(recv.dtype);
     const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
-    if (op == ReduceOp::kAvg) {
-      o.finish = [recv, size](absl::Span<const MPI_Status>) {
-        DivideInPlace(recv.dtype, recv.data, recv.count, size);
-        return absl::OkStatus();
-      };
-    }
+    if (op == ReduceOp::kAvg) AverageWhenDone(o, recv, size);
     auto start = [&]() {
       return ForChunks(recv.count, limit, [&](size_t off, int n) {
         const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
@@ -246,12 +250,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Reduce(ConstBuffer send, 
   return Start(what, options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     const MPI_Op mpi_op = MpiReduceOp(send.dtype, op);
-    if (op == ReduceOp::kAvg && is_root) {
-      o.finish = [recv, size](absl::Span<const MPI_Status>) {
-        DivideInPlace(recv.dtype, recv.data, recv.count, size);
-        return absl::OkStatus();
-      };
-    }
+    if (op == ReduceOp::kAvg && is_root) AverageWhenDone(o, recv, size);
     auto start = [&]() {
       return ForChunks(send.count, limit, [&](size_t off, int n) {
         const void* s = in_place ? MPI_IN_PLACE : At(send.data, off, send.dtype);
@@ -317,12 +316,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer
   return Start(what, options, [&](Op& o) {
     const MPI_Datatype type = MpiType(recv.dtype);
     const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
-    if (op == ReduceOp::kAvg) {
-      o.finish = [recv, size](absl::Span<const MPI_Status>) {
-        DivideInPlace(recv.dtype, recv.data, recv.count, size);
-        return absl::OkStatus();
-      };
-    }
+    if (op == ReduceOp::kAvg) AverageWhenDone(o, recv, size);
     const MpiOptions& tuning = engine_->options();
     const bool per_root =
         AtLeast(Bytes(block, recv.dtype), tuning.per_root_reduce_scatter_min_bytes) &&
