@@ -60,22 +60,133 @@ def module_hints(module, path):
             if _sharding(p) is not None}
 
 
+def param_names(state):
+    """{id(parameter): name} for the parameters of the modules among the
+    entries of ``state`` (a dict), each named by its path in the saved tree
+    (``model.layers.5.weight``); a parameter shared by several names keeps
+    the first."""
+    names = {}
+    if isinstance(state, dict):
+        for entry, obj in state.items():
+            if isinstance(obj, torch.nn.Module):
+                for name, p in obj.named_parameters(remove_duplicate=False):
+                    names.setdefault(id(p), f"{entry}.{name}")
+    return names
+
+
+def optimizer_params(opt):
+    """The optimizer's parameters in the order its state dict numbers them."""
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def named_optimizer_state(opt, names):
+    """``opt``'s state dict with its parameters named instead of numbered
+    (as torch.distributed.checkpoint does): ``state`` keyed by parameter
+    name, ``param_groups[i]["params"]`` lists of names. None when a
+    parameter has no name in ``names`` (or two share one): the numbered form
+    is saved then."""
+    fq = [names.get(id(p)) for p in optimizer_params(opt)]
+    if not fq or any(n is None for n in fq) or len(set(fq)) != len(fq):
+        return None
+    sd = opt.state_dict()
+    return {"state": {fq[i]: v for i, v in sd["state"].items()},
+            "param_groups": [dict(g, params=[fq[i] for i in g["params"]])
+                             for g in sd["param_groups"]]}
+
+
+def numbered_optimizer_state(opt, names, saved_groups, states):
+    """The state dict for ``opt.load_state_dict`` from a named one: this
+    optimizer's own groups (their parameters numbered as it numbers them)
+    with the hyperparameters of the saved group that held the same
+    parameters (else the saved group of the same index), and ``states``
+    ({parameter name: {field: value}}) for the parameters it has."""
+    params = optimizer_params(opt)
+    index = {}
+    for i, p in enumerate(params):
+        name = names.get(id(p))
+        if name is None:
+            raise error("cannot load a checkpoint that keys optimizer states by parameter "
+                        f"name: the optimizer's parameter {i} (shape {tuple(p.shape)}) belongs "
+                        "to no module of the state being loaded, so it has no name; load the "
+                        "optimizer together with its model")
+        index[name] = i
+    own = opt.state_dict()["param_groups"]
+    groups = []
+    for gi, g in enumerate(own):
+        mine = {names[id(params[i])] for i in g["params"]}
+        match = next((sg for sg in saved_groups if mine & set(sg.get("params", []))), None)
+        if match is None and gi < len(saved_groups):
+            match = saved_groups[gi]
+        merged = dict(g)
+        if match is not None:
+            merged.update({k: v for k, v in match.items() if k != "params"})
+        merged["params"] = g["params"]
+        groups.append(merged)
+    return {"state": {index[n]: v for n, v in states.items() if n in index},
+            "param_groups": groups}
+
+
+def is_named_optimizer(node):
+    """Whether a saved tree node is an optimizer saved in the named form."""
+    return isinstance(node, dict) and len(node) == 1 and "__optimizer__" in node
+
+
+def named_state_keys(entry, saved_keys, names):
+    """{key: (parameter name, field)} of the saved tensors of the named
+    optimizer at ``entry`` that belong to parameters in ``names`` (a set)."""
+    prefix = entry + ".state."
+    out = {}
+    for key in saved_keys:
+        if key.startswith(prefix):
+            name, _, field = key[len(prefix):].rpartition(".")
+            if name in names:
+                out[key] = (name, field)
+    return out
+
+
+class _Loaded(dict):
+    def __missing__(self, key):  # a tensor another rank's structure names
+        return None
+
+
+def load_named_optimizer(opt, names, node, tensors, entry):
+    """The state dict for ``opt.load_state_dict`` from the named form saved
+    at ``entry`` (``node``, the saved tree's entry): the tensors this rank
+    loaded (``tensors``) for its parameters, plain per-parameter values and
+    group hyperparameters from the saved structure."""
+    saved = node["__optimizer__"]
+    own = set(names[id(p)] for p in optimizer_params(opt) if id(p) in names)
+    states = {}
+    for key, (name, field) in named_state_keys(entry, tensors, own).items():
+        states.setdefault(name, {})[field] = tensors[key]
+    for name, fields in (saved.get("state") or {}).items():
+        if name in own and isinstance(fields, dict):
+            for field, value in fields.items():
+                if not (isinstance(value, dict) and "__tensor__" in value):
+                    states.setdefault(name, {}).setdefault(field, decode(value, {}))
+    groups = decode(saved.get("param_groups") or [], _Loaded(tensors))
+    return numbered_optimizer_state(opt, names, groups, states)
+
+
 class Hints:
     """Which saved paths are shards: module parameters by path, optimizer
-    states by the parameter they belong to (state dicts number parameters
-    in the order of ``param_groups``; only states of the parameter's shape,
-    like Adam's ``exp_avg``, share its layout: the caller checks shapes)."""
+    states by the parameter they belong to (a numbered state dict numbers
+    parameters in the order of ``param_groups``, a named one names them as
+    ``param_names`` does; only states of the parameter's shape, like Adam's
+    ``exp_avg``, share its layout: the caller checks shapes)."""
 
-    def __init__(self):
+    def __init__(self, names=None):
         self._paths = {}       # path tuple -> spec
-        self._optimizers = []  # (path prefix + ("state",), [params])
+        self._optimizers = []  # (path prefix + ("state",), [params], {name: param})
+        self._names = names or {}
 
     def add(self, obj, path):
         if isinstance(obj, torch.nn.Module):
             self._paths.update(module_hints(obj, path))
         elif isinstance(obj, torch.optim.Optimizer):
-            params = [p for g in obj.param_groups for p in g["params"]]
-            self._optimizers.append((tuple(path) + ("state",), params))
+            params = optimizer_params(obj)
+            by_name = {self._names[id(p)]: p for p in params if id(p) in self._names}
+            self._optimizers.append((tuple(path) + ("state",), params, by_name))
 
     def get(self, path):
         """(spec, parameter or None) for a tensor at ``path``, or None."""
@@ -83,12 +194,15 @@ class Hints:
         spec = self._paths.get(path)
         if spec is not None:
             return spec, None
-        for prefix, params in self._optimizers:
+        for prefix, params, by_name in self._optimizers:
             n = len(prefix)
-            if len(path) == n + 2 and path[:n] == prefix and path[n].isdigit():
-                i = int(path[n])
-                if i < len(params) and _sharding(params[i]) is not None:
-                    return _sharding(params[i]), params[i]
+            if len(path) != n + 2 or path[:n] != prefix:
+                continue
+            param = by_name.get(path[n])
+            if param is None and path[n].isdigit() and int(path[n]) < len(params):
+                param = params[int(path[n])]
+            if param is not None and _sharding(param) is not None:
+                return _sharding(param), param
         return None
 
 
@@ -110,10 +224,11 @@ class Flattener:
     """Turns a state tree into JSON-able structure plus {key: tensor}, and
     records {key: (dim, index, count)} for the tensors that are shards."""
 
-    def __init__(self):
+    def __init__(self, names=None):
         self.tensors = {}
         self.specs = {}
-        self.hints = Hints()
+        self.names = names or {}  # param_names() of the state being saved
+        self.hints = Hints(self.names)
 
     def _key(self, path):
         base = ".".join(path) if path else "tensor"
@@ -134,6 +249,10 @@ class Flattener:
                     self.specs[key] = spec
             return {"__tensor__": key}
         self.hints.add(obj, path)
+        if isinstance(obj, torch.optim.Optimizer):
+            named = named_optimizer_state(obj, self.names)
+            if named is not None:
+                return {"__optimizer__": self.encode(named, path)}
         sd = state_dict_of(obj)
         if sd is not None:
             return self.encode(sd, path)
@@ -170,6 +289,8 @@ def decode(node, tensors):
             (k, v), = node.items()
             if k == "__tensor__":
                 return tensors[v]
+            if k == "__optimizer__":  # named: returned as saved
+                return decode(v, tensors)
             if k == "__tuple__":
                 return tuple(decode(x, tensors) for x in v)
             if k == "__dict__":
@@ -195,6 +316,8 @@ def tensor_paths(node, path, out):
             if k == "__tensor__":
                 out.append((tuple(path), v))
                 return out
+            if k == "__optimizer__":
+                return tensor_paths(v, path, out)
             if k == "__tuple__":
                 for i, x in enumerate(v):
                     tensor_paths(x, path + [str(i)], out)

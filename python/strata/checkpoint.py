@@ -26,9 +26,11 @@ committed whole or not at all.
 (Adam's ``exp_avg``/``exp_avg_sq``/``step`` included), LR schedulers or
 anything else with ``state_dict()``/``load_state_dict()``, and plain Python
 values (None, bool, int, float, str, bytes, lists, tuples, dicts). Tensor keys
-in the checkpoint are the dotted paths (``model.layer.weight``,
-``optimizer.state.0.exp_avg``); the structure around them is stored in the
-manifest and rebuilt exactly on load.
+in the checkpoint are the dotted paths (``model.layer.weight``); an
+optimizer's states are keyed by the name of their parameter in ``state``
+(``optimizer.state.model.layer.weight.exp_avg``) when its parameters belong to
+modules saved beside it, else by index (``optimizer.state.0.exp_avg``). The
+structure around them is stored in the manifest and rebuilt exactly on load.
 
 ``world=None`` means a single process. With a ``strata.World`` every rank
 calls ``save``/``load``/``AsyncCheckpointer`` (collectively): each rank writes
@@ -185,7 +187,7 @@ class AsyncCheckpointer:
         """
         if not isinstance(state, dict):
             raise _error(f"state must be a dict, not {type(state).__name__}")
-        flat = _Flattener()
+        flat = _Flattener(T.param_names(state))
         tree = flat.encode(state, [])
         shards, keep_alive = [], []
         cuda = False
@@ -346,6 +348,10 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     for name, obj in list(state.items()):
         if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
             continue
+        if isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(tree[name]):
+            obj.load_state_dict(T.load_named_optimizer(obj, T.param_names(state), tree[name],
+                                                       tensors, name))
+            continue
         value = _decode(tree[name], tensors)
         if _state_dict_of(obj) is not None and hasattr(obj, "load_state_dict"):
             obj.load_state_dict(value)
@@ -412,6 +418,7 @@ def _plan_load(reader, state, strict, collective=False):
         if strict and unexpected_entries:
             raise _error(f"checkpoint step {reader.step} has entries {_names(unexpected_entries)} "
                          "that state does not (strict=False ignores them)")
+        names = T.param_names(state)
         for name, obj in state.items():
             if name not in tree:
                 continue
@@ -448,10 +455,19 @@ def _plan_load(reader, state, strict, collective=False):
                         tmp = torch.empty(dst.shape, dtype=dst.dtype)
                         tensors[key] = tmp
                         after.append((dst, tmp))
+            elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(sub):
+                # Keyed by parameter name: this rank's parameters say what to
+                # read, from the manifest (rank 0's structure holds only the
+                # parameters of its pipeline stage).
+                hints = T.Hints(names)
+                hints.add(obj, [name])
+                own = {names[id(p)] for p in T.optimizer_params(obj) if id(p) in names}
+                for key, (param, field) in T.named_state_keys(name, saved, own).items():
+                    fresh(key, hints.get([name, "state", param, field]))
             else:
                 # Optimizers and the like: the saved structure says what there
                 # is; the object's parameters say which states are shards.
-                hints = T.Hints()
+                hints = T.Hints(names)
                 hints.add(obj, [name])
                 for path, key in T.tensor_paths(sub, [name], []):
                     fresh(key, hints.get(path))

@@ -226,29 +226,50 @@ def stage_model(world, layers):
 PPS = [p for p in (1, 2, 4, 8) if N % p == 0]
 
 
+def stepped_adam(model):
+    """Adam over ``model`` after one step whose gradients are a function of
+    the layer alone, so each layer's state is the same under any split."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for name, p in model.named_parameters():
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(
+            50 + int(name.split(".")[0])))
+    opt.step()
+    return opt
+
+
 @pytest.mark.parametrize("save_pp", [2])
 def test_per_layer_tensors_load_under_another_pipeline_split(shared_dir, save_pp):
     layers = 8
     with strata.init(strata.Mesh(N, pp=save_pp)) as w:
-        ckpt.save({"model": stage_model(w, layers)}, shared_dir, step=1, world=w)
+        m = stage_model(w, layers)
+        ckpt.save({"model": m, "optimizer": stepped_adam(m)}, shared_dir, step=1, world=w)
     for pp in PPS:
         with strata.init(strata.Mesh(N, pp=pp)) as w:
             want = stage_model(w, layers)
+            want_opt = stepped_adam(want)
             got = stage_model(w, layers)
             with torch.no_grad():
                 for p in got.parameters():
                     p.zero_()
+            got_opt = torch.optim.Adam(got.parameters(), lr=1e-3)  # no state yet
             st = {}
-            # Strict: each stage asks for its layers only; nothing is left over.
-            ckpt.load(shared_dir, {"model": got}, world=w, verify=False, merge_gap_bytes=0,
-                      training_state=st)
+            # Strict: each stage asks for its layers (and their optimizer
+            # states, keyed by parameter name) only; nothing is left over.
+            ckpt.load(shared_dir, {"model": got, "optimizer": got_opt}, world=w, verify=False,
+                      merge_gap_bytes=0, training_state=st)
             for (name, a), (_, b) in zip(want.named_parameters(), got.named_parameters()):
                 assert torch.equal(a, b), f"{name}: saved with pp={save_pp}, loaded with pp={pp}"
-            assert st["bytes_read"] == sum(p.numel() * 4 for p in got.parameters())
+                for field in ("step", "exp_avg", "exp_avg_sq"):
+                    assert torch.equal(want_opt.state[a][field], got_opt.state[b][field]), \
+                        f"{name} {field}: saved with pp={save_pp}, loaded with pp={pp}"
+            params = list(got.parameters())
+            # Each parameter: its values, exp_avg and exp_avg_sq, and a 0-d step.
+            assert st["bytes_read"] == sum(3 * p.numel() * 4 + 4 for p in params)
     with strata.init(strata.Mesh(N, pp=2)) as w:
         # A layer no rank holds is still unexpected (on every rank).
         m = stage_model(w, layers)
         if w.mesh.coords(w.rank)["pp"] == 1:
             del m[str(layers - 1)]
+        opt = torch.optim.Adam(m.parameters())
         with pytest.raises(strata.CheckpointError, match="no rank asked for: 'model.7.bias'"):
-            ckpt.load(shared_dir, {"model": m}, world=w)
+            ckpt.load(shared_dir, {"model": m, "optimizer": opt}, world=w)

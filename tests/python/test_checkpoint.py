@@ -99,8 +99,59 @@ def test_module_adam_and_scheduler_resume_exactly(tmp_path):
     assert meta["step"] == 5 and meta["optimizer_step"] == 5
     assert meta["data_loader"] == {"index": 160}
     assert meta["tensors"]["model.fc1.weight"] == (torch.float32, (16, 8))
-    assert "optimizer.state.0.exp_avg_sq" in meta["tensors"]
+    # Optimizer states are keyed by the parameter's name in the saved tree.
+    assert "optimizer.state.model.fc1.weight.exp_avg_sq" in meta["tensors"]
     assert meta["tensors"]["model.bn.num_batches_tracked"][0] == torch.int64
+
+
+def adam_states_by_name(model, opt):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: opt.state[p] for p in opt.state}
+
+
+def test_optimizer_states_follow_their_parameters_not_their_order(tmp_path):
+    model, opt, sched = make(0)
+    train(model, opt, sched, 3, seed=1)
+    ckpt.save({"model": model, "optimizer": opt}, tmp_path, step=3)
+    # The same model with its parameters given to the optimizer in reverse
+    # order (and in two groups): each state lands on its own parameter.
+    model2 = make(5)[0]
+    params = list(model2.parameters())[::-1]
+    opt2 = torch.optim.Adam([{"params": params[:3]}, {"params": params[3:]}], lr=1.0)
+    ckpt.load(tmp_path, {"model": model2, "optimizer": opt2})
+    want, got = adam_states_by_name(model, opt), adam_states_by_name(model2, opt2)
+    assert set(got) == set(want)
+    for name in want:
+        for field in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(got[name][field], want[name][field]), (name, field)
+    # Hyperparameters come from the saved group that held the parameters.
+    assert [g["lr"] for g in opt2.param_groups] == [opt.param_groups[0]["lr"]] * 2
+    assert opt2.param_groups[0]["betas"] == (0.8, 0.99)
+    # state=None returns the named form as saved: names are paths in the state.
+    back = ckpt.load(tmp_path)["optimizer"]
+    assert set(back["state"]) == {"model." + n for n in want}
+    assert back["param_groups"][0]["params"] == ["model." + n for n, _ in model.named_parameters()]
+
+
+def test_an_optimizer_saved_without_its_model_is_keyed_by_index(tmp_path):
+    model, opt, sched = make(0)
+    train(model, opt, sched, 3, seed=1)
+    ckpt.save({"optimizer": opt}, tmp_path, step=3)  # no module: parameters have no names
+    assert "optimizer.state.0.exp_avg" in ckpt.info(tmp_path)["tensors"]
+    model2, opt2, _ = make(0)
+    ckpt.load(tmp_path, {"optimizer": opt2})
+    for p, q in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(opt.state[p]["exp_avg"], opt2.state[q]["exp_avg"])
+
+
+def test_a_named_optimizer_needs_its_model_to_load(tmp_path):
+    model, opt, sched = make(0)
+    train(model, opt, sched, 1, seed=1)
+    ckpt.save({"model": model, "optimizer": opt}, tmp_path, step=1)
+    model2, opt2, _ = make(0)
+    with pytest.raises(strata.CheckpointError, match=r"optimizer's parameter 0 \(shape \(16, 8\)\)"
+                       r" belongs to no module of the state being loaded"):
+        ckpt.load(tmp_path, {"optimizer": opt2}, strict=False)
 
 
 def test_plain_values_keep_their_types(tmp_path):
