@@ -7,10 +7,12 @@ one): ``save()`` returns once the tensors are staged, and the demo prints
 how long training was blocked. At the last step it also records the loss on
 a fixed batch.
 
-After training, ``reload_and_compare`` builds a world with another tp/dp
-split of the same ranks (dp4 x tp2 instead of dp2 x tp4), loads the last
-checkpoint into a freshly built model (strata reshards every tensor-parallel
-weight and Adam state), and shows that the loss on the same batch matches.
+After training, ``reload_and_compare`` builds a world with another split of
+the same ranks (dp2 x tp4 instead of dp2 x tp2 x pp2), loads the last
+checkpoint into a freshly built model and AdamW (strata reshards every
+tensor-parallel weight and Adam state, and each pipeline stage's states,
+keyed by parameter name, go to their layers), and shows that the loss on the
+same batch and the sum of Adam's exp_avg_sq over the model match.
 
 Parameter names are those of the full model (``blocks.<layer index>...``),
 so a checkpoint does not depend on how the model is split.
@@ -65,6 +67,22 @@ def fixed_batch_loss(model, seq, loss_fn=None, batch_size=8):
     return loss
 
 
+def adam_fingerprint(world, model, opt):
+    """The sum of Adam's exp_avg_sq over the whole model, each element of the
+    global tensors counted once (a tensor-parallel shard on every tp rank, a
+    replicated tensor on tp rank 0; dp rank 0 only), so it is the same under
+    any split; collective over the world."""
+    tp, dp = world.group("tp"), world.group("dp")
+    total = torch.zeros(1, dtype=torch.float64)
+    if dp.rank == 0:
+        for p in model.parameters():
+            st = opt.state.get(p)
+            if st and (getattr(p, "tensor_parallel_sharding", None) is not None or tp.rank == 0):
+                total += st["exp_avg_sq"].double().sum()
+    world.group("world").allreduce(total)
+    return total.item()
+
+
 class DemoCheckpoints:
     """Owns the demo's AsyncCheckpointer (collective: every rank makes one)."""
 
@@ -76,7 +94,8 @@ class DemoCheckpoints:
         self.saver = ckpt.AsyncCheckpointer(self.directory, world=world, keep_last=2)
         self.blocked = []  # seconds each save() blocked training
         self.last_step_saved = None
-        self.reference = None  # (split, loss on the fixed batch at the last step)
+        # (split, tp, loss on the fixed batch, Adam fingerprint) at the last step
+        self.reference = None
 
     def after_step(self, step, total, model, opt, sched, config, fixed_loss=None):
         """Saves every `every` steps and at the last one (called by train_gpt).
@@ -84,16 +103,16 @@ class DemoCheckpoints:
         pipelined model, through its stages)."""
         if step % self.every != 0 and step != total:
             return
-        pp = self.world.group("pp").size
         if step == total:
             split = _split_name(self.world)
             self.reference = (split, self.world.group("tp").size,
-                              fixed_batch_loss(model, config["seq"], fixed_loss))
-        state = {"model": model, "sched": sched, "step": step, "config": config}
-        # Optimizer states are keyed by parameter index, which differs from
-        # stage to stage: with pp > 1 only the model is saved (docs/checkpoint.md).
-        if pp == 1:
-            state["optimizer"] = opt
+                              fixed_batch_loss(model, config["seq"], fixed_loss),
+                              adam_fingerprint(self.world, model, opt))
+        # The optimizer's states are keyed by parameter name (the model's
+        # parameters are named as in the whole model), so each stage's
+        # states load under any other split (docs/checkpoint.md).
+        state = {"model": model, "optimizer": opt, "sched": sched, "step": step,
+                 "config": config}
         before = self.saver.status()  # the previous save, finished in the background
         start = time.perf_counter()
         self.saver.save(state, step=step, optimizer_step=step)
@@ -126,36 +145,39 @@ class DemoCheckpoints:
 def reload_and_compare(env, checkpoints, timeout=300):
     """Loads the last checkpoint under another tp/dp split of the same ranks
     and compares the loss on the fixed batch; returns True when it matches."""
-    saved_split, saved_tp, want = checkpoints.reference
+    saved_split, saved_tp, want, want_adam = checkpoints.reference
     tp = 2 if saved_tp != 2 and env.world_size % 2 == 0 else (4 if env.world_size % 4 == 0 else 1)
     mesh = strata.Mesh(env.world_size, tp=tp, ranks_per_node=env.local_world_size)
     with strata.init(mesh, timeout=timeout) as world:
         meta = ckpt.load(checkpoints.directory, {"config": None, "step": None}, world=world,
                          strict=False)
         c = meta["config"]
-        with_optimizer = c.get("pp", 1) == 1  # saved with the optimizer (see after_step)
         torch.manual_seed(4321)  # other initial weights: the load must replace them all
         model = snn.ParallelGPT(256, c["hidden"], c["heads"], c["layers"], c["seq"],
                                 group=world.group("tp"), sequence_parallel=True)
         opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], weight_decay=0.01)
         sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=c["lr"], total_steps=c["steps"],
                                                     pct_start=0.1)
-        state = {"model": model, "sched": sched, "step": 0, "config": None}
-        if with_optimizer:
-            state["optimizer"] = opt
+        state = {"model": model, "optimizer": opt, "sched": sched, "step": 0, "config": None}
         start = time.perf_counter()
         ckpt.load(checkpoints.directory, state, world=world)
         load_s = time.perf_counter() - start
         got = fixed_batch_loss(model, c["seq"])
+        got_adam = adam_fingerprint(world, model, opt)
         split = _split_name(world)
-        ok = abs(got - want) <= TOLERANCE * abs(want)
+        # float64 sums of the same float32 values, in another order
+        adam_ok = abs(got_adam - want_adam) <= 1e-9 * abs(want_adam) and want_adam > 0
+        ok = abs(got - want) <= TOLERANCE * abs(want) and adam_ok
         if world.rank == 0:
             print(f"\nReloaded checkpoint step {state['step']} (saved as {saved_split}) as {split} "
-                  f"in {load_s * 1e3:.0f} ms, checksums verified, weights "
-                  f"{'and AdamW state ' if with_optimizer else ''}resharded", flush=True)
+                  f"in {load_s * 1e3:.0f} ms, checksums verified, weights and AdamW state "
+                  "resharded", flush=True)
             print(f"loss on a fixed batch: {want:.6f} trained as {saved_split}, {got:.6f} "
                   f"reloaded as {split} (difference {abs(got - want):.1e}): "
-                  f"{'match' if ok else 'MISMATCH'}", flush=True)
+                  f"{'match' if abs(got - want) <= TOLERANCE * abs(want) else 'MISMATCH'}",
+                  flush=True)
+            print(f"AdamW state, sum of exp_avg_sq over the model: {want_adam:.9e} trained, "
+                  f"{got_adam:.9e} reloaded: {'match' if adam_ok else 'MISMATCH'}", flush=True)
         world.group("world").barrier()
         if world.rank == 0 and checkpoints.owned:
             shutil.rmtree(checkpoints.directory, ignore_errors=True)
