@@ -131,15 +131,16 @@ def is_named_optimizer(node):
     return isinstance(node, dict) and len(node) == 1 and "__optimizer__" in node
 
 
-def named_state_keys(entry, saved_keys, names):
+def named_state_keys(entry, saved_keys, names=None):
     """{key: (parameter name, field)} of the saved tensors of the named
-    optimizer at ``entry`` that belong to parameters in ``names`` (a set)."""
+    optimizer at ``entry`` that belong to parameters in ``names`` (a set;
+    None: every parameter)."""
     prefix = entry + ".state."
     out = {}
     for key in saved_keys:
         if key.startswith(prefix):
             name, _, field = key[len(prefix):].rpartition(".")
-            if name in names:
+            if names is None or name in names:
                 out[key] = (name, field)
     return out
 

@@ -462,8 +462,19 @@ def _plan_load(reader, state, strict, collective=False):
                 hints = T.Hints(names)
                 hints.add(obj, [name])
                 own = {names[id(p)] for p in T.optimizer_params(obj) if id(p) in names}
-                for key, (param, field) in T.named_state_keys(name, saved, own).items():
+                mine = T.named_state_keys(name, saved, own)
+                for key, (param, field) in mine.items():
                     fresh(key, hints.get([name, "state", param, field]))
+                # States of parameters this optimizer does not hold: under a
+                # pipeline split, another stage's; unexpected only when no
+                # rank asks for them.
+                others = set(T.named_state_keys(name, saved)) - set(mine)
+                if strict and others and collective:
+                    unasked |= others
+                elif strict and others:
+                    raise _error(f"checkpoint step {reader.step} has {len(others)} state "
+                                 f"tensor(s) of '{name}' for parameters it does not hold: "
+                                 f"{_names(others)} (strict=False ignores them)")
             else:
                 # Optimizers and the like: the saved structure says what there
                 # is; the object's parameters say which states are shards.

@@ -144,6 +144,19 @@ def test_an_optimizer_saved_without_its_model_is_keyed_by_index(tmp_path):
         assert torch.equal(opt.state[p]["exp_avg"], opt2.state[q]["exp_avg"])
 
 
+def test_states_of_parameters_the_optimizer_does_not_hold_are_unexpected(tmp_path):
+    model, opt, sched = make(0)
+    train(model, opt, sched, 1, seed=1)
+    ckpt.save({"model": model, "optimizer": opt}, tmp_path, step=1)
+    model2 = make(0)[0]
+    opt2 = torch.optim.Adam(model2.fc2.parameters())  # fc2 only
+    with pytest.raises(strata.CheckpointError, match=r"has 18 state tensor\(s\) of 'optimizer' "
+                       r"for parameters it does not hold: 'optimizer.state.model.bn.bias.exp_avg'"):
+        ckpt.load(tmp_path, {"model": model2, "optimizer": opt2})
+    ckpt.load(tmp_path, {"model": model2, "optimizer": opt2}, strict=False)
+    assert torch.equal(opt2.state[model2.fc2.weight]["exp_avg"], opt.state[model.fc2.weight]["exp_avg"])
+
+
 def test_a_named_optimizer_needs_its_model_to_load(tmp_path):
     model, opt, sched = make(0)
     train(model, opt, sched, 1, seed=1)
