@@ -179,7 +179,7 @@ class _RowLinear(torch.autograd.Function):
         else:
             C.all_reduce(out, group)
         if bias is not None:
-            out = out + bias
+            out.add_(bias)  # `out` is this function's own tensor: no second one
         ctx.save_for_backward(xl, weight)
         ctx.group, ctx.sp, ctx.parallel_in = group, sequence_parallel, input_is_parallel
         ctx.has_bias = bias is not None
