@@ -35,35 +35,13 @@
 #include "strata/checkpoint/loader.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/launch_env.h"
+#include "survivor_check.h"
 
 namespace {
 
 using namespace strata;           // NOLINT: a test program
 using namespace strata::testing;  // NOLINT
 using checkpoint_internal::JoinPath;
-
-int g_rank = -1;
-int g_failures = 0;
-
-#define CHECK_TRUE(cond, ...)                                                                    \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      std::fprintf(stderr, "[rank %d] FAILED %s:%d: %s %s\n", g_rank, __FILE__, __LINE__, #cond, \
-                   absl::StrCat(__VA_ARGS__).c_str());                                           \
-      ++g_failures;                                                                              \
-    }                                                                                            \
-  } while (0)
-
-template <typename T>
-T Must(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "[rank %d] FATAL %s: %s\n", g_rank, what, v.status().ToString().c_str());
-    std::_Exit(1);
-  }
-  return std::move(v).value();
-}
-
-absl::Time Deadline() { return absl::Now() + absl::Seconds(60); }
 
 // How the checkpointer gets its communicator.
 enum class CommUse { kSplitOff, kDedicated };
