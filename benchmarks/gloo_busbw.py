@@ -7,12 +7,17 @@ rendezvous port from MASTER_PORT):
 
     MASTER_PORT=29500 mpirun -np 4 python3 benchmarks/gloo_busbw.py --op allreduce
 
-or under torchrun, where ``--lib strata`` runs the same loop through
-strata's Python API on its Gloo backend, bootstrapped through torchrun's
-store (strata.init(backend="gloo")), so both sides pay the same Python
-call per operation:
+or under torchrun, where ``--lib`` names one or more of ``torch``, ``strata``
+(strata's Python API on its Gloo backend, bootstrapped through torchrun's
+store: strata.init(backend="gloo")) and ``strata-tcp`` (the same with
+STRATA_GLOO_CMA=0: Gloo's transport even between ranks of one host), all
+initialised in the same processes; for each operation and size the job
+runs them in turn, ``--rounds`` times, so every side sees the machine in
+the same state, and prints each side's best and median round. All sides
+pay the same Python call per operation:
 
-    torchrun --standalone --nproc-per-node 4 benchmarks/gloo_busbw.py --lib strata
+    torchrun --standalone --nproc-per-node 4 benchmarks/gloo_busbw.py \
+        --lib strata,torch,strata-tcp --rounds 5
 """
 
 import argparse
@@ -81,6 +86,55 @@ def run_once(op, a, b, rank, n):
         raise SystemExit(f"unknown op {op}")
 
 
+class Side:
+    """One library under test: how to run an operation, a barrier, and a
+    max-reduction of the measured time."""
+
+    def __init__(self, name, one, barrier, slowest):
+        self.name, self.one, self.barrier, self.slowest = name, one, barrier, slowest
+
+
+def strata_side(name, rank, n, tcp):
+    import strata
+    before = os.environ.get("STRATA_GLOO_CMA")
+    if tcp:
+        os.environ["STRATA_GLOO_CMA"] = "0"  # read when the world connects
+    try:
+        world = strata.init(backend="gloo", timeout=600)
+    finally:
+        if before is None:
+            os.environ.pop("STRATA_GLOO_CMA", None)
+        else:
+            os.environ["STRATA_GLOO_CMA"] = before
+    g = world.group()
+    return world, Side(name, lambda op, a, b: run_strata(g, op, a, b, rank, n), g.barrier,
+                       lambda us: g.allreduce(us, op="max"))
+
+
+def torch_side(rank, n, torchrun):
+    if torchrun:
+        dist.init_process_group("gloo")  # env://: torchrun's store
+    else:
+        port = os.environ.get("MASTER_PORT", "29500")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=n)
+    return Side("torch", lambda op, a, b: run_once(op, a, b, rank, n), dist.barrier,
+                lambda us: dist.all_reduce(us, op=dist.ReduceOp.MAX))
+
+
+def time_side(side, op, a, b, warmup, iters):
+    """Microseconds per operation on the slowest rank."""
+    for _ in range(warmup):
+        side.one(op, a, b)
+    side.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        side.one(op, a, b)
+    us = torch.tensor([(time.perf_counter() - start) / iters * 1e6], dtype=torch.float64)
+    side.slowest(us)
+    return us.item()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", default="allreduce,allgather,reduce_scatter,broadcast,alltoall,sendrecv")
@@ -88,43 +142,36 @@ def main():
     ap.add_argument("--max-bytes", default="64M")
     ap.add_argument("--iters", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--lib", choices=["torch", "strata"], default="torch")
+    ap.add_argument("--lib", default="torch",
+                    help="comma-separated: torch, strata, strata-tcp (several: torchrun only)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="each side's runs per operation and size, taken in turn")
     args = ap.parse_args()
+    libs = args.lib.split(",")
     torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     if torchrun:
         rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     else:
         rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
         n = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    world = None
-    if args.lib == "strata":
-        import strata
-        world = strata.init(backend="gloo", timeout=600)
-        g = world.group()
-        one = lambda op, a, b: run_strata(g, op, a, b, rank, n)  # noqa: E731
-        barrier = g.barrier
-
-        def slowest(us):
-            g.allreduce(us, op="max")
-    else:
-        if torchrun:
-            dist.init_process_group("gloo")  # env://: torchrun's store
+        if libs != ["torch"]:
+            raise SystemExit("gloo_busbw: under mpirun only --lib torch (strata: comm_busbw)")
+    worlds, sides = [], []
+    for lib in libs:
+        if lib == "torch":
+            sides.append(torch_side(rank, n, torchrun))
+        elif lib in ("strata", "strata-tcp"):
+            world, side = strata_side(lib, rank, n, tcp=lib == "strata-tcp")
+            worlds.append(world)
+            sides.append(side)
         else:
-            port = os.environ.get("MASTER_PORT", "29500")
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                    world_size=n)
-        one = lambda op, a, b: run_once(op, a, b, rank, n)  # noqa: E731
-        barrier = dist.barrier
-
-        def slowest(us):
-            dist.all_reduce(us, op=dist.ReduceOp.MAX)
+            raise SystemExit(f"gloo_busbw: unknown --lib {lib}")
     if rank == 0:
-        what = (f"strata {world.group().backend}" if world is not None
-                else f"torch {torch.__version__} gloo")
-        print(f"# gloo_busbw: {n} ranks, {what}, dtype float, op sum, "
-              "out-of-place", flush=True)
-        print("#%11s %12s %6s %15s %10s %10s %10s %6s" % ("size", "count", "type", "op", "time",
-                                                        "algbw", "busbw", "#wrong"))
+        print(f"# gloo_busbw: {n} ranks, sides {','.join(libs)} (torch {torch.__version__}), "
+              f"dtype float, op sum, {args.rounds} round(s) in turn; time = best round, "
+              "median = median round", flush=True)
+        print("#%11s %12s %6s %15s %10s %10s %10s %6s %10s %s" % (
+            "size", "count", "type", "op", "time", "algbw", "busbw", "#wrong", "median", "side"))
     lo, hi = parse_bytes(args.min_bytes), parse_bytes(args.max_bytes)
     for op in args.op.split(","):
         size = lo
@@ -133,26 +180,24 @@ def main():
             count -= count % n
             a = (torch.arange(count, dtype=torch.float32) + rank) % 5
             b = torch.zeros(count, dtype=torch.float32)
-            for _ in range(args.warmup):
-                one(op, a, b)
             iters = iters_for(size, args.iters)
-            barrier()
-            start = time.perf_counter()
-            for _ in range(iters):
-                one(op, a, b)
-            us = torch.tensor([(time.perf_counter() - start) / iters * 1e6], dtype=torch.float64)
-            slowest(us)
-            t = us.item()
+            times = {side.name: [] for side in sides}
+            for _ in range(args.rounds):
+                for side in sides:
+                    times[side.name].append(time_side(side, op, a, b, args.warmup, iters))
             nbytes = count * 4
-            algbw = nbytes / (t * 1e-6) / 1e9
-            if rank == 0:
-                print("%12d %12d %6s %15s %10.1f %10.3f %10.3f %6d" % (
-                    nbytes, count, "float", op, t, algbw, algbw * bus_factor(op, n), -1),
-                    flush=True)
+            for side in sides:
+                t = min(times[side.name])
+                median = sorted(times[side.name])[len(times[side.name]) // 2]
+                algbw = nbytes / (t * 1e-6) / 1e9
+                if rank == 0:
+                    print("%12d %12d %6s %15s %10.1f %10.3f %10.3f %6d %10.1f %s" % (
+                        nbytes, count, "float", op, t, algbw, algbw * bus_factor(op, n), -1,
+                        median, side.name), flush=True)
             size *= 2
-    if world is not None:
+    for world in worlds:
         world.destroy()
-    else:
+    if "torch" in libs:
         dist.destroy_process_group()
 
 

@@ -15,9 +15,10 @@ one row per operation and size, ratio = strata busbw / gloo busbw, target
     python3 benchmarks/run_busbw.py --launcher torchrun [--np 4] [--repeats 2]
 
 compares strata's store-bootstrapped Gloo backend with torch.distributed's
-gloo under torchrun instead: both sides run benchmarks/gloo_busbw.py (the
-same Python loop; --lib strata or torch) under
-`torchrun --standalone --nproc-per-node N`, alternately. Writes
+gloo under torchrun instead: one job of benchmarks/gloo_busbw.py under
+`torchrun --standalone --nproc-per-node N` with both libraries (and strata
+with host copies off, STRATA_GLOO_CMA=0) initialised in every process, each
+operation and size run by the sides in turn, `--repeats` rounds. Writes
 benchmarks/results/busbw_torchrun.json; target >= 1.0 (issue 4).
 """
 
@@ -145,46 +146,80 @@ def main():
     print("wrote", path)
 
 
+SIDE_ROW = re.compile(ROW.pattern + r"\s+([\d.]+)\s+(\S+)\s*$")
+
+
+def parse_sides(text, n):
+    """{side: {(op, bytes): (best busbw, median busbw)}} from gloo_busbw.py
+    run with several sides."""
+    out = {}
+    for line in text.splitlines():
+        m = SIDE_ROW.match(line)
+        if m:
+            op, size = m.group(4), int(m.group(1))
+            best_us, median_us, side = float(m.group(5)), float(m.group(9)), m.group(10)
+            bw = lambda us: size / (us * 1e3) * bench_util.bus_factor(op, n)  # noqa: E731
+            out.setdefault(side, {})[(op, size)] = (bw(best_us), bw(median_us))
+    return out
+
+
 def main_torchrun(args):
     load_before = os.getloadavg()[0]
     sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(args.np), os.path.join(HERE, "gloo_busbw.py"), "--op", args.ops, *sizes]
+    sides = "strata,torch,strata-tcp"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(args.np), os.path.join(HERE, "gloo_busbw.py"), "--op", args.ops, *sizes,
+           "--lib", sides, "--rounds", str(args.repeats)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.path.join(os.path.abspath(args.build), "python"), env.get("PYTHONPATH"))
         if p)
     env.pop("STRATA_STORE", None)  # strata uses torchrun's store, as torch does
-    strata_best, gloo_best = {}, {}
-    for i in range(args.repeats):
-        print(f"run {i + 1}/{args.repeats}: strata gloo under torchrun", flush=True)
-        best(strata_best, parse(run(base + ["--lib", "strata"], env), args.np))
-        print(f"run {i + 1}/{args.repeats}: torch gloo under torchrun", flush=True)
-        best(gloo_best, parse(run(base + ["--lib", "torch"], env), args.np))
+    env.pop("STRATA_GLOO_CMA", None)  # the strata side takes host copies where it can
+    print(f"one torchrun job, sides {sides}, {args.repeats} rounds in turn", flush=True)
+    res = parse_sides(run(cmd, env), args.np)
+    host, peer, tcp = res.get("strata", {}), res.get("torch", {}), res.get("strata-tcp", {})
     rows = []
-    print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'torch':>8s} {'ratio':>6s}   (busbw GB/s)")
+    print(f"\n{'op':15s} {'size':>9s} {'strata':>8s} {'torch':>8s} {'ratio':>6s} {'median':>6s}"
+          f" {'tcp':>8s} {'ratio':>6s}   (busbw GB/s, best round; median: ratio of medians)")
     for op in args.ops.split(","):
-        for (o, nbytes) in sorted(k for k in strata_best if k[0] == op):
-            s, g = strata_best[(o, nbytes)], gloo_best.get((o, nbytes))
+        for (o, nbytes) in sorted(k for k in host if k[0] == op):
+            (s, s_med), (g, g_med) = host[(o, nbytes)], peer[(o, nbytes)]
+            t, _ = tcp.get((o, nbytes), (None, None))
             rows.append({"case": f"{op} {human(nbytes)}", "metric": "busbw", "unit": "GB/s",
                          "strata": s, "peer": "torch.distributed gloo", "peer_value": g,
-                         "target": ">= 1.0"})
-            ratio = s / g if g else float("nan")
-            print(f"{op:15s} {human(nbytes):>9s} {s:8.3f} {g or 0:8.3f} {ratio:6.2f}")
+                         "target": ">= 1.0", "median_ratio": s_med / g_med})
+            print(f"{op:15s} {human(nbytes):>9s} {s:8.3f} {g:8.3f} {s / g:6.2f} "
+                  f"{s_med / g_med:6.2f} {t or 0:8.3f} {(t or 0) / g:6.2f}")
+    for op in args.ops.split(","):
+        for (o, nbytes) in sorted(k for k in tcp if k[0] == op):
+            t, _ = tcp[(o, nbytes)]
+            rows.append({"case": f"{op} {human(nbytes)}, STRATA_GLOO_CMA=0", "metric": "busbw",
+                         "unit": "GB/s", "strata": t, "peer": "torch.distributed gloo",
+                         "peer_value": peer[(o, nbytes)][0], "target": None})
     command = (f"python3 benchmarks/run_busbw.py --launcher torchrun --np {args.np} "
                f"--repeats {args.repeats} --max-bytes {args.max_bytes}")
     load = os.getloadavg()[0]
-    notes = (f"{args.np} CPU processes on one host under torchrun --standalone; fp32 sum. Both "
-             "sides run benchmarks/gloo_busbw.py (one Python call per operation, in place where "
-             "gloo is): strata = strata.init(backend='gloo'), bootstrapped through torchrun's "
-             "TCPStore; peer = torch.distributed.init_process_group('gloo'). Best of "
-             f"{args.repeats} alternating runs per side. busbw = bytes / time x the "
-             "nccl-tests factor. strata runs its own allgather, reduce-scatter and (below 4 "
-             "MiB) allreduce over Gloo's transport, Gloo's broadcast, all-to-all and larger "
-             "allreduce (docs/launch.md). "
+    ratios = [r["ratio"] if "ratio" in r else r["strata"] / r["peer_value"] for r in rows
+              if r["target"]]
+    medians = [r["median_ratio"] for r in rows if r["target"]]
+    notes = (f"{args.np} CPU processes on one host in one job under torchrun --standalone; fp32 "
+             "sum. benchmarks/gloo_busbw.py initialises three sides in every process and, for "
+             f"each operation and size, runs them in turn, {args.repeats} rounds, each side "
+             "making the same Python call per operation: strata = strata.init(backend='gloo') "
+             "through torchrun's TCPStore (the ranks share this host, so collectives take "
+             "strata's host copies, docs/launch.md; send/recv go through Gloo's transport); "
+             "peer = torch.distributed.init_process_group('gloo'); the rows marked "
+             "STRATA_GLOO_CMA=0 are strata again with host copies off (Gloo's transport, "
+             "strata's algorithms over it where they pay, docs/launch.md), no target. "
+             "busbw = bytes / time of the best round x the nccl-tests factor. Ratio of the "
+             f"medians of the rounds over the targeted rows: {min(medians):.2f} to "
+             f"{max(medians):.2f}; of the best rounds: {min(ratios):.2f} to {max(ratios):.2f}. "
              f"1-minute load average {load_before:.1f} before the run and {load:.1f} at the "
              f"end (this benchmark's own {args.np} processes included), on "
              f"{os.cpu_count()} cores.")
+    for r in rows:
+        r.pop("median_ratio", None)
     path = bench_util.write_results("busbw_torchrun", command, rows, notes=notes)
     print("wrote", path)
 

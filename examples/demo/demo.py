@@ -97,7 +97,7 @@ def show_busbw(world):
     n = world.size
     algbw = BUSBW_BYTES / elapsed[0] / 1e9
     if world.rank == 0:
-        print(f"\nallreduce of 64 MiB over {n} ranks ({g.backend}): {elapsed[0] * 1e3:.1f} ms, "
+        print(f"\nallreduce of 64 MiB over {n} ranks ({g.transport}): {elapsed[0] * 1e3:.1f} ms, "
               f"algbw {algbw:.2f} GB/s, busbw {algbw * 2 * (n - 1) / n:.2f} GB/s", flush=True)
 
 

@@ -228,6 +228,7 @@ class PyGroup {
   int size() const { return comm().size(); }
   std::string name() const { return comm().name(); }
   std::string backend() const { return std::string(comm().backend()); }
+  std::string transport() const { return comm().transport(); }
 
   // Starts an operation with the GIL released and the owner kept alive.
   template <typename F>
@@ -333,6 +334,7 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def_property_readonly("size", &PyGroup::size)
       .def_property_readonly("name", &PyGroup::name)
       .def_property_readonly("backend", &PyGroup::backend)
+      .def_property_readonly("transport", &PyGroup::transport)
       .def_property_readonly(
           "memory",
           [](const PyGroup& g) { return g.comm().memory() == MemoryKind::kCuda ? "cuda" : "host"; })

@@ -133,6 +133,10 @@ class Group:
     size = property(lambda self: self._raw.size, doc="Number of ranks in the group.")
     name = property(lambda self: self._raw.name, doc="The group's name ('tp', 'dp-cp', ...).")
     backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
+    transport = property(
+        lambda self: self._raw.transport,
+        doc="How collectives move data: the backend, or for gloo 'gloo, host copies' (ranks "
+        "of one host copy between each other's buffers) or 'gloo, tcp'.")
 
     def _run(self, work, async_op):
         if async_op:

@@ -27,6 +27,7 @@ def test_world_of_one(world):
     assert world.group_names()[:3] == ["world", "tp", "cp"]
     g = world.group("tp")
     assert (g.rank, g.size, g.name, g.backend) == (0, 1, "tp", "mpi")
+    assert g.transport == "mpi"
     assert world.group("cp-dp") is not None
     assert "rank 0 of 1" in repr(g)
 

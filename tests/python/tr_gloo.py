@@ -72,6 +72,10 @@ def test_init_bootstraps_through_torchruns_store_and_collectives_match():
         problems = []
         if (w.rank, w.size, g.backend) != (RANK, N, "gloo"):
             problems.append(f"world {w.rank}/{w.size} on {g.backend}")
+        # torchrun --standalone: every process on this host.
+        want = "gloo, tcp" if os.environ.get("STRATA_GLOO_CMA") == "0" else "gloo, host copies"
+        if g.transport != want:
+            problems.append(f"transport {g.transport!r}, expected {want!r}")
         for n in (1, 1000, 1 << 18):
             x = torch.arange(n, dtype=torch.float32) + w.rank
             g.allreduce(x)

@@ -71,6 +71,7 @@ class GlooCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   int world_rank() const override { return runtime_->world_rank; }
   absl::string_view backend() const override { return "gloo"; }
+  std::string transport() const override { return host_copy() ? "gloo, host copies" : "gloo, tcp"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
   bool progresses_independently() const override { return true; }
 
@@ -105,6 +106,9 @@ class GlooCommunicator final : public Communicator {
 
   // The plugin in use (for reports and tests).
   const GlooPlugin& plugin() const { return *runtime_->plugin; }
+  // True when the ranks share this host and collectives copy directly
+  // between their buffers (gloo_plugin::Context::HostCopy).
+  bool host_copy() const { return context_->HostCopy(); }
 
  private:
   // What an operation does on the worker thread: `tag` is the same on

@@ -34,7 +34,7 @@
 
 namespace strata::gloo_plugin {
 
-inline constexpr int kApiVersion = 1;
+inline constexpr int kApiVersion = 2;
 
 // An error: `code` is an absl::StatusCode value (0 is OK).
 struct Error {
@@ -135,6 +135,12 @@ class Context {
   // Closes every connection: operations blocked in this context fail soon
   // after, here and (as "connection closed") on the peers.
   virtual void CloseConnections() = 0;
+  // True when every rank of the group runs on this host and each can read
+  // the others' memory (process_vm_readv; all ranks agree at connect, and
+  // STRATA_GLOO_CMA=0 turns it off): collectives then copy directly
+  // between the ranks' buffers and meet on a page of shared memory.
+  // Point-to-point transfers always go through Gloo's transport.
+  virtual bool HostCopy() const = 0;
 };
 
 struct Api {

@@ -3,10 +3,14 @@
 // (abort wakes a blocked operation, an operation timeout breaks only its
 // communicator, revoke reaches the peers, shrink with live excluded ranks,
 // survivors that disagree), split, point-to-point size mismatches, and the
-// errors of a missing store or plugin. The multi-process runs (torchrun) are
-// the multirank suites with STRATA_TEST_BACKEND=gloo.
+// errors of a missing store or plugin. The ranks share a process, so
+// collectives take the host-copy path (gloo_plugin.cc); CTest runs the
+// binary again with STRATA_GLOO_CMA=0 (gloo_threads_test_tcp) for Gloo's
+// transport. The multi-process runs (torchrun) are the multirank suites
+// with STRATA_TEST_BACKEND=gloo.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -198,6 +202,101 @@ TEST(GlooThreadsTest, AllReduceMatchesAcrossItsAlgorithms) {
       }
     });
   }
+}
+
+bool HostCopyWanted() {
+  const char* env = std::getenv("STRATA_GLOO_CMA");
+  return env == nullptr || std::string(env) != "0";
+}
+
+bool HostCopy(Communicator& c) { return static_cast<GlooCommunicator&>(c).host_copy(); }
+
+TEST(GlooThreadsTest, HostCopyIsOnForRanksOfOneHostUnlessTurnedOff) {
+  OnRanks(3, [](int, Communicator& c) { EXPECT_EQ(HostCopy(c), HostCopyWanted()); });
+  // One rank alone copies nothing.
+  OnRanks(1, [](int, Communicator& c) { EXPECT_FALSE(HostCopy(c)); });
+  const char* before = std::getenv("STRATA_GLOO_CMA");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("STRATA_GLOO_CMA", "0", 1);
+  OnRanks(2, [](int, Communicator& c) { EXPECT_FALSE(HostCopy(c)); });
+  if (before != nullptr) {
+    setenv("STRATA_GLOO_CMA", saved.c_str(), 1);
+  } else {
+    unsetenv("STRATA_GLOO_CMA");
+  }
+}
+
+// Sizes that split into several of the host path's reduction pieces (128
+// KiB) and blocks of uneven length; in place and not; roots other than 0.
+TEST(GlooThreadsTest, LargeCollectivesMatchReferences) {
+  constexpr int n = 4;
+  OnRanks(n, [](int r, Communicator& c) {
+    for (size_t count : {size_t{5}, size_t{100003}}) {
+      auto value = [](int rank, size_t i) { return static_cast<float>((i * 7 + rank * 3) % 17); };
+      std::vector<float> x(count), sum(count, 0.0f);
+      for (size_t i = 0; i < count; ++i) {
+        x[i] = value(r, i);
+        for (int k = 0; k < n; ++k) sum[i] += value(k, i);
+      }
+      // reduce in place on rank 2.
+      std::vector<float> red = x;
+      ASSERT_TRUE(Wait(c.Reduce(Buffer::Of(red.data(), count), Buffer::Of(red.data(), count),
+                                ReduceOp::kSum, 2))
+                      .ok());
+      if (r == 2) ASSERT_EQ(red, sum) << count;
+      if (r != 2) ASSERT_EQ(red, x) << count;  // untouched
+      // broadcast from rank 3.
+      std::vector<float> b = x;
+      ASSERT_TRUE(Wait(c.Broadcast(Buffer::Of(b.data(), count), 3)).ok());
+      for (size_t i = 0; i < count; ++i) ASSERT_EQ(b[i], value(3, i)) << i;
+      // reduce-scatter out of place: block r of everyone's x-like buffers.
+      std::vector<float> in(count * n), out(count, -1.0f);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
+      ASSERT_TRUE(Wait(c.ReduceScatter(Buffer::Of(in.data(), in.size()),
+                                       Buffer::Of(out.data(), count), ReduceOp::kMax))
+                      .ok());
+      for (size_t i = 0; i < count; ++i) {
+        const size_t at = static_cast<size_t>(r) * count + i;
+        float want = value(0, at);
+        for (int k = 1; k < n; ++k) want = std::max(want, value(k, at));
+        ASSERT_EQ(out[i], want) << i;
+      }
+      // allgather and all-to-all of `count` elements per rank.
+      std::vector<float> g(count * n, -1.0f);
+      ASSERT_TRUE(
+          Wait(c.AllGather(ConstBuffer(x.data(), count, DataType::kFloat32),
+                           Buffer::Of(g.data(), g.size())))
+              .ok());
+      for (int k = 0; k < n; ++k) {
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(g[k * count + i], value(k, i));
+      }
+      std::vector<float> t(count * n, -1.0f);
+      ASSERT_TRUE(
+          Wait(c.AllToAll(Buffer::Of(in.data(), in.size()), Buffer::Of(t.data(), t.size()))).ok());
+      for (int k = 0; k < n; ++k) {  // block k came from rank k's block r
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(t[k * count + i], value(k, static_cast<size_t>(r) * count + i));
+        }
+      }
+    }
+  });
+}
+
+// On the host path every rank publishes its size: a rank that passed
+// another fails every rank's operation with both sizes named, at once.
+TEST(GlooThreadsTest, CollectivesOfMismatchedSizesFailOnEveryRank) {
+  OnRanks(3, [](int r, Communicator& c) {
+    if (!HostCopy(c)) GTEST_SKIP() << "Gloo's transport (STRATA_GLOO_CMA=0) does not check";
+    std::vector<int32_t> x(r == 1 ? 200 : 100, 1);
+    const absl::Time start = absl::Now();
+    absl::Status s = Wait(
+        c.AllReduce(Buffer::Of(x.data(), x.size()), Buffer::Of(x.data(), x.size()), ReduceOp::kSum));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), r == 1 ? "passed 400 bytes, this rank 800"
+                                                      : "rank 1 passed 800 bytes, this rank 400"))
+        << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  });
 }
 
 TEST(GlooThreadsTest, HalfPrecisionReducesInFp32) {
