@@ -263,10 +263,9 @@ TEST(GlooThreadsTest, LargeCollectivesMatchReferences) {
       }
       // allgather and all-to-all of `count` elements per rank.
       std::vector<float> g(count * n, -1.0f);
-      ASSERT_TRUE(
-          Wait(c.AllGather(ConstBuffer(x.data(), count, DataType::kFloat32),
-                           Buffer::Of(g.data(), g.size())))
-              .ok());
+      ASSERT_TRUE(Wait(c.AllGather(ConstBuffer(x.data(), count, DataType::kFloat32),
+                                   Buffer::Of(g.data(), g.size())))
+                      .ok());
       for (int k = 0; k < n; ++k) {
         for (size_t i = 0; i < count; ++i) ASSERT_EQ(g[k * count + i], value(k, i));
       }
@@ -278,24 +277,69 @@ TEST(GlooThreadsTest, LargeCollectivesMatchReferences) {
           ASSERT_EQ(t[k * count + i], value(k, static_cast<size_t>(r) * count + i));
         }
       }
+      // all-to-all-v: rank s sends (s + 1) * (d + 1) * count / 3 + d elements
+      // to rank d, element i of them being value(s, 1000 * d + i).
+      auto len = [count](int s, int d) {
+        return static_cast<size_t>((s + 1) * (d + 1)) * count / 3 + static_cast<size_t>(d);
+      };
+      AllToAllCounts counts;
+      std::vector<float> vs, vr;
+      for (int d = 0; d < n; ++d) {
+        counts.send_counts.push_back(len(r, d));
+        for (size_t i = 0; i < len(r, d); ++i) vs.push_back(value(r, 1000 * d + i));
+      }
+      for (int s = 0; s < n; ++s) counts.recv_counts.push_back(len(s, r));
+      size_t total = 0;
+      for (int s = 0; s < n; ++s) total += len(s, r);
+      vr.assign(total, -1.0f);
+      ASSERT_TRUE(Wait(c.AllToAllV(Buffer::Of(vs.data(), vs.size()),
+                                   Buffer::Of(vr.data(), vr.size()), counts))
+                      .ok());
+      size_t off = 0;
+      for (int s = 0; s < n; ++s) {
+        for (size_t i = 0; i < len(s, r); ++i) ASSERT_EQ(vr[off++], value(s, 1000 * r + i)) << s;
+      }
     }
   });
 }
 
 // On the host path every rank publishes its size: a rank that passed
-// another fails every rank's operation with both sizes named, at once.
+// another fails every rank's operation with both sizes named, at once;
+// all-to-all-v counts are checked by the receiver.
 TEST(GlooThreadsTest, CollectivesOfMismatchedSizesFailOnEveryRank) {
   OnRanks(3, [](int r, Communicator& c) {
     if (!HostCopy(c)) GTEST_SKIP() << "Gloo's transport (STRATA_GLOO_CMA=0) does not check";
     std::vector<int32_t> x(r == 1 ? 200 : 100, 1);
     const absl::Time start = absl::Now();
-    absl::Status s = Wait(
-        c.AllReduce(Buffer::Of(x.data(), x.size()), Buffer::Of(x.data(), x.size()), ReduceOp::kSum));
+    absl::Status s = Wait(c.AllReduce(Buffer::Of(x.data(), x.size()),
+                                      Buffer::Of(x.data(), x.size()), ReduceOp::kSum));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), r == 1 ? "passed 400 bytes, this rank 800"
                                                       : "rank 1 passed 800 bytes, this rank 400"))
         << s;
     EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  });
+  // All-to-all-v: rank 0 sends 3 elements to rank 1, which expects 4; only
+  // rank 1 can tell, and reports it without leaving the others waiting.
+  OnRanks(3, [](int r, Communicator& c) {
+    if (!HostCopy(c)) GTEST_SKIP() << "Gloo's transport (STRATA_GLOO_CMA=0) does not check";
+    AllToAllCounts counts;
+    for (int k = 0; k < 3; ++k) {
+      counts.send_counts.push_back(r == 0 && k == 1 ? 3 : 4);
+      counts.recv_counts.push_back(4);
+    }
+    std::vector<int32_t> send(12, r), recv(12, -1);
+    absl::Status s = Wait(c.AllToAllV(Buffer::Of(send.data(), r == 0 ? 11 : 12),
+                                      Buffer::Of(recv.data(), 12), counts));
+    if (r == 1) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_TRUE(absl::StrContains(s.message(),
+                                    "rank 0 sends 3 elements to this rank, which "
+                                    "expects 4"))
+          << s;
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+    }
   });
 }
 

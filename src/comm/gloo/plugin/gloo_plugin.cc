@@ -168,7 +168,8 @@ class HostBoard {
     std::atomic<uint32_t> round;  // the last round this rank reached (a futex word)
     uint64_t in;                  // the addresses it published in that round
     uint64_t out;
-    uint64_t bytes;  // and the size of its operation, which must be every rank's
+    uint64_t bytes;   // and the size of its operation, which must be every rank's
+    uint64_t counts;  // all-to-all-v: the address of its send counts (int64 per rank)
   };
 
   // Rank 0: creates the page of an `n`-rank group; its name, or empty.
@@ -615,6 +616,13 @@ class GlooContext final : public Context {
   Error AllToAllV(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                   const std::vector<int64_t>& recv_counts, size_t elem, uint32_t tag,
                   int64_t timeout_ms) override {
+    if (UseHostCopy()) {
+      const Deadline deadline(timeout_ms);
+      return Run("all_to_all_v", [&] {
+        return HostAllToAllV(static_cast<const char*>(send), send_counts, static_cast<char*>(recv),
+                             recv_counts, elem, deadline);
+      });
+    }
     return BySize(elem, [&](auto t) {
       using T = decltype(t);
       return Guard("all_to_all_v", [&] {
@@ -752,6 +760,7 @@ class GlooContext final : public Context {
   struct Region {
     uint64_t in = 0;
     uint64_t out = 0;
+    uint64_t counts = 0;  // all-to-all-v only
   };
 
   bool UseHostCopy() const { return host_copy_ && ctx_->size > 1; }
@@ -805,12 +814,13 @@ class GlooContext final : public Context {
   // another would have its peers read past its buffers, so every rank
   // checks every other's (each sees a mismatch, so all fail, none waits).
   void ShareRegions(const void* in, const void* out, size_t bytes, const Deadline& deadline,
-                    std::vector<Region>* at) {
+                    std::vector<Region>* at, const int64_t* counts = nullptr) {
     const int n = ctx_->size;
     HostBoard::Slot& mine = board_->slot(ctx_->rank);
     mine.in = Address(in);
     mine.out = Address(out);
     mine.bytes = bytes;
+    mine.counts = Address(counts);
     Round(deadline);
     at->resize(static_cast<size_t>(n));
     for (int p = 0; p < n; ++p) {
@@ -821,7 +831,7 @@ class GlooContext final : public Context {
                                 std::to_string(bytes) + " (every rank must pass the same size)",
                             kInvalidArgument);
       }
-      (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out};
+      (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out, theirs.counts};
     }
   }
 
@@ -900,6 +910,51 @@ class GlooContext final : public Context {
     ReduceFromPeers(out, send + offset, at, offset, count, elem, fn, scratch);
     Fence(deadline);
     if (overlaps) std::memcpy(recv, aside.data(), block);
+    return true;
+  }
+
+  // Each rank publishes where its send counts are; each reads every peer's
+  // (n int64 values), finds its block in the peer's buffer and copies it.
+  // The ranks must agree on the element size (checked as a collective's
+  // size); a block whose length is not what this rank expects is skipped
+  // and, after the fence (so that no rank waits for this one), reported
+  // with both counts.
+  bool HostAllToAllV(const char* send, const std::vector<int64_t>& send_counts, char* recv,
+                     const std::vector<int64_t>& recv_counts, size_t elem,
+                     const Deadline& deadline) {
+    const int n = ctx_->size, r = ctx_->rank;
+    std::vector<Region> at;
+    ShareRegions(send, recv, elem, deadline, &at, send_counts.data());
+    std::vector<int64_t> theirs(static_cast<size_t>(n));
+    size_t recv_offset = 0;
+    std::string mismatch;
+    for (int p = 0; p < n; ++p) {
+      const size_t want = static_cast<size_t>(recv_counts[static_cast<size_t>(p)]) * elem;
+      if (p == r) {
+        theirs = send_counts;
+      } else {
+        Pull(p, at[static_cast<size_t>(p)].counts, theirs.data(), theirs.size() * sizeof(int64_t));
+      }
+      size_t offset = 0;
+      for (int k = 0; k < r; ++k) offset += static_cast<size_t>(theirs[static_cast<size_t>(k)]);
+      offset *= elem;
+      const size_t len = static_cast<size_t>(theirs[static_cast<size_t>(r)]) * elem;
+      if (len != want) {
+        if (mismatch.empty()) {
+          mismatch = "rank " + std::to_string(p) + " sends " +
+                     std::to_string(theirs[static_cast<size_t>(r)]) +
+                     " elements to this rank, which expects " +
+                     std::to_string(recv_counts[static_cast<size_t>(p)]);
+        }
+      } else if (p == r) {
+        std::memcpy(recv + recv_offset, send + offset, len);
+      } else {
+        Pull(p, at[static_cast<size_t>(p)].in + offset, recv + recv_offset, len);
+      }
+      recv_offset += want;
+    }
+    Fence(deadline);
+    if (!mismatch.empty()) throw HostCopyError(mismatch, kInvalidArgument);
     return true;
   }
 
