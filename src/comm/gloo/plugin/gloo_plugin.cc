@@ -12,25 +12,21 @@
 // rank, O(N) on rank 0; bytes read by rank i: O(N). The sockets themselves
 // (N-1 per rank) are what Gloo's transport needs.
 //
-// Ranks on one host (host copy): when every rank of a group can read every
-// other's memory with process_vm_readv (Linux cross-memory attach, CMA: same
-// host, same user, no ptrace restriction in the way), large collectives and
-// transfers skip TCP. Each rank publishes the addresses of its buffers (one
-// round of 16-byte messages), copies what it needs straight out of its
+// Ranks on one host (host copies, host_copy.h): when every rank of a group
+// can read every other's memory with process_vm_readv (Linux cross-memory
+// attach: same host, same user, no ptrace restriction in the way), the
+// collectives skip TCP: each rank copies what it needs straight out of its
 // peers' buffers (one copy, by the reader, instead of TCP's two through the
-// kernel's socket buffers, plus the segmenting), and a fence keeps every
-// buffer in place until all readers are done. Publishing and fencing go
-// through a page of POSIX shared memory (HostBoard): each is one round in
-// which every rank bumps its counter there and sleeps on its peers' (futex)
-// until they reach the round; through Gloo, each would be a round of
-// messages, each message a notify and a transfer between two Gloo threads.
-// Connect checks it all: each rank publishes its pid and the address of a
-// random word; every rank reads every peer's word and maps rank 0's page,
-// and the group agrees (one round of messages) to use host copies only if
-// every rank could. STRATA_GLOO_CMA=0 turns it off (for comparison, or
-// where a security policy forbids it).
+// kernel's socket buffers), and the ranks publish their buffers' addresses
+// and fence on a page of POSIX shared memory (futex rounds) instead of
+// exchanging messages, each of which costs a notify and a transfer between
+// Gloo threads. Point-to-point transfers stay on Gloo's transport. Connect
+// decides: each rank publishes its pid and the address of a random word;
+// every rank reads every peer's word and maps rank 0's page, and the group
+// agrees (one round of messages) to use host copies only if every rank
+// could. STRATA_GLOO_CMA=0 turns them off (for comparison, or where a
+// security policy forbids them).
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -46,35 +42,23 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
-#include <linux/futex.h>
 #include <netinet/in.h>
-#include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <random>
-#include <stdexcept>
 #include <string>
 #include <typeinfo>
 #include <utility>
 #include <vector>
 
+#include "comm/gloo/plugin/host_copy.h"
 #include "comm/gloo/plugin_api.h"
 
 namespace strata::gloo_plugin {
 namespace {
-
-std::chrono::milliseconds Ms(int64_t ms) { return std::chrono::milliseconds(ms > 0 ? ms : 1); }
 
 // Slot prefixes of strata's own transfers, above Gloo's (0x01-0x08).
 constexpr uint8_t kReduceScatterSlotPrefix = 0xf1;
@@ -95,169 +79,6 @@ constexpr uint8_t kHostAgreeSlotPrefix = 0xf7;
 constexpr int kOwnAlgorithmRanks = 32;
 constexpr size_t kDirectAllReduceBytes = size_t{64} << 10;
 constexpr size_t kOwnAllReduceMaxBytes = size_t{4} << 20;
-// Host copies: reduced blocks are read in pieces of kHostReduceChunk bytes,
-// each added while it is still in cache.
-constexpr size_t kHostReduceChunk = size_t{128} << 10;
-
-// This process's probe word: random, read by peers to check that they can
-// read this process's memory (and that the pid they were given is this
-// process, not another one in a different pid namespace).
-const uint64_t& ProbeWord() {
-  static const uint64_t word = [] {
-    std::random_device rd;
-    const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    return v == 0 ? uint64_t{1} : v;
-  }();
-  return word;
-}
-
-// What a rank tells the others about itself for host copies.
-struct HostRecord {
-  int64_t pid = 0;
-  uint64_t probe = 0;  // the address of its probe word
-  uint64_t word = 0;   // the word's value
-};
-
-bool HostCopyWanted() {
-  const char* env = std::getenv("STRATA_GLOO_CMA");
-  return env == nullptr || std::string(env) != "0";
-}
-
-// A failed host copy or round, with the Error code to report: kUnavailable
-// (a peer is gone, or closed the group), kDeadlineExceeded, kInternal (the
-// kernel refused a read).
-class HostCopyError : public std::runtime_error {
- public:
-  HostCopyError(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
-  int code() const { return code_; }
-
- private:
-  int code_;
-};
-
-// True when process `pid` has exited (gone, or a zombie its parent has not
-// reaped yet: torchrun's agent reaps its workers only every so often).
-bool ProcessGone(int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return false;
-  char buf[512];
-  const size_t got = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[got] = '\0';
-  // "pid (comm) S ...": the state follows the last ')'.
-  const char* close_paren = std::strrchr(buf, ')');
-  return close_paren != nullptr && close_paren[1] == ' ' &&
-         (close_paren[2] == 'Z' || close_paren[2] == 'X');
-}
-
-long Futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* timeout) {
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), op, value, timeout, nullptr, 0);
-}
-
-// The page of shared memory the ranks of a host-local group meet on.
-class HostBoard {
- public:
-  struct alignas(64) Header {
-    std::atomic<uint32_t> closed;  // 1 + the first rank that closed the group, or 0
-  };
-  struct alignas(64) Slot {
-    std::atomic<uint32_t> round;  // the last round this rank reached (a futex word)
-    uint64_t in;                  // the addresses it published in that round
-    uint64_t out;
-    uint64_t bytes;   // and the size of its operation, which must be every rank's
-    uint64_t counts;  // all-to-all-v: the address of its send counts (int64 per rank)
-  };
-
-  // Rank 0: creates the page of an `n`-rank group; its name, or empty.
-  static std::string Create(int n) {
-    std::random_device rd;
-    char name[64];
-    std::snprintf(name, sizeof(name), "/strata-gloo-%ld-%08x%08x", static_cast<long>(getpid()),
-                  rd(), rd());
-    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return {};
-    const bool sized = ftruncate(fd, static_cast<off_t>(Bytes(n))) == 0;
-    close(fd);
-    if (!sized) {
-      shm_unlink(name);
-      return {};
-    }
-    return name;
-  }
-  // Maps the page `name`; null on failure.
-  static std::unique_ptr<HostBoard> Open(const std::string& name, int n) {
-    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) return nullptr;
-    void* base = mmap(nullptr, Bytes(n), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) return nullptr;
-    return std::unique_ptr<HostBoard>(new HostBoard(base, Bytes(n)));
-  }
-  ~HostBoard() { munmap(base_, bytes_); }
-  HostBoard(const HostBoard&) = delete;
-  HostBoard& operator=(const HostBoard&) = delete;
-
-  // The page is zero-filled when created, which is every field's start.
-  Header& header() { return *static_cast<Header*>(base_); }
-  Slot& slot(int rank) {
-    return reinterpret_cast<Slot*>(static_cast<char*>(base_) + sizeof(Header))[rank];
-  }
-
- private:
-  HostBoard(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
-  static size_t Bytes(int n) { return sizeof(Header) + static_cast<size_t>(n) * sizeof(Slot); }
-  void* base_;
-  size_t bytes_;
-};
-
-// Copies `bytes` at `remote` in process `pid` into `local`; false (errno
-// set) when the kernel refuses.
-bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes) {
-  char* dst = static_cast<char*>(local);
-  while (bytes > 0) {
-    iovec l{dst, bytes};
-    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      if (got == 0) errno = EFAULT;
-      return false;
-    }
-    dst += got;
-    remote += static_cast<uint64_t>(got);
-    bytes -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-// `count` elements split into `n` contiguous blocks, block b being
-// [begin(b), begin(b + 1)).
-struct Blocks {
-  size_t count;
-  int n;
-  size_t begin(int b) const { return count * static_cast<size_t>(b) / static_cast<size_t>(n); }
-  size_t len(int b) const { return begin(b + 1) - begin(b); }
-};
-
-// Milliseconds left until a deadline (at least one), for Gloo's waits.
-class Deadline {
- public:
-  explicit Deadline(int64_t timeout_ms) : end_(std::chrono::steady_clock::now() + Ms(timeout_ms)) {}
-  bool passed() const { return std::chrono::steady_clock::now() >= end_; }
-  std::chrono::milliseconds left() const {
-    return Ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                  end_ - std::chrono::steady_clock::now())
-                  .count());
-  }
-
- private:
-  std::chrono::steady_clock::time_point end_;
-};
-
 #define STRATA_GLOO_STR2(x) #x
 #define STRATA_GLOO_STR(x) STRATA_GLOO_STR2(x)
 constexpr const char* kGlooVersion = STRATA_GLOO_STR(GLOO_VERSION_MAJOR) "." STRATA_GLOO_STR(
@@ -384,21 +205,19 @@ SignalExceptionFn FindSignalException() {
 class GlooContext final : public Context {
  public:
   GlooContext(std::shared_ptr<MeshContext> ctx,
-              std::shared_ptr<::gloo::transport::Context> transport, std::vector<int64_t> pids,
-              std::unique_ptr<HostBoard> board)
-      : ctx_(std::move(ctx)),
-        transport_(std::move(transport)),
-        pids_(std::move(pids)),
-        board_(std::move(board)) {}
+              std::shared_ptr<::gloo::transport::Context> transport,
+              std::unique_ptr<HostGroup> host)
+      : ctx_(std::move(ctx)), transport_(std::move(transport)), host_(std::move(host)) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
   bool HostCopy() const override { return host_copy_; }
+  bool UseHostCopy() const { return host_copy_; }
 
   // Collective, once after connecting: host copies are used when every rank
   // could read every other and map the board (`mine`: this rank could).
   Error AgreeHostCopy(bool mine, int64_t timeout_ms) {
-    mine = mine && board_ != nullptr;
+    mine = mine && host_ != nullptr;
     const int n = ctx_->size;
     std::vector<char> flags(static_cast<size_t>(n), 0);
     flags[static_cast<size_t>(ctx_->rank)] = mine ? 1 : 0;
@@ -409,6 +228,7 @@ class GlooContext final : public Context {
     });
     if (!e.ok()) return e;
     host_copy_ = std::all_of(flags.begin(), flags.end(), [](char f) { return f == 1; });
+    if (!host_copy_) host_.reset();
     return {};
   }
 
@@ -433,7 +253,10 @@ class GlooContext final : public Context {
     const size_t bytes = count * elem;
     const Deadline deadline(timeout_ms);
     if (UseHostCopy()) {
-      return Run("allreduce", [&] { return HostAllReduce(out, count, elem, fn, deadline); });
+      return Run("allreduce", [&] {
+        host_->AllReduce(out, count, elem, fn, deadline);
+        return true;
+      });
     }
     const uint64_t slot = ::gloo::Slot::build(kAllReduceSlotPrefix, tag);
     if (bytes <= kDirectAllReduceBytes || count < static_cast<size_t>(n)) {
@@ -457,15 +280,9 @@ class GlooContext final : public Context {
 
   Error Broadcast(void* data, size_t bytes, int root, uint32_t tag, int64_t timeout_ms) override {
     if (UseHostCopy()) {
-      // Every rank copies the root's buffer (the root's memory is read
-      // n - 1 times at once, which a host's memory serves better than a
-      // tree's dependent steps).
       const Deadline deadline(timeout_ms);
       return Run("broadcast", [&] {
-        std::vector<Region> at;
-        ShareRegions(data, data, bytes, deadline, &at);
-        if (ctx_->rank != root) Pull(root, at[static_cast<size_t>(root)].in, data, bytes);
-        Fence(deadline);
+        host_->Broadcast(data, bytes, root, deadline);
         return true;
       });
     }
@@ -482,17 +299,9 @@ class GlooContext final : public Context {
   Error Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
                int root, uint32_t tag, int64_t timeout_ms) override {
     if (UseHostCopy()) {
-      // The root adds every peer's buffer to its own.
       const Deadline deadline(timeout_ms);
       return Run("reduce", [&] {
-        std::vector<Region> at;
-        ShareRegions(send, recv, count * elem, deadline, &at);
-        if (ctx_->rank == root) {
-          std::vector<char> piece(std::min(kHostReduceChunk, count * elem + elem));
-          ReduceFromPeers(static_cast<char*>(recv), static_cast<const char*>(send), at, 0, count,
-                          elem, fn, piece);
-        }
-        Fence(deadline);
+        host_->Reduce(send, recv, count, elem, fn, root, deadline);
         return true;
       });
     }
@@ -540,14 +349,7 @@ class GlooContext final : public Context {
     const Deadline deadline(timeout_ms);
     if (UseHostCopy()) {
       return Run("allgather", [&] {
-        std::vector<Region> at;
-        ShareRegions(out, out, block_bytes, deadline, &at);
-        for (int i = 1; i < n; ++i) {
-          const int p = (ctx_->rank + i) % n;
-          const size_t offset = static_cast<size_t>(p) * block_bytes;
-          Pull(p, at[static_cast<size_t>(p)].out + offset, out + offset, block_bytes);
-        }
-        Fence(deadline);
+        host_->AllGather(out, block_bytes, deadline);
         return true;
       });
     }
@@ -564,8 +366,9 @@ class GlooContext final : public Context {
     if (UseHostCopy()) {
       const Deadline deadline(timeout_ms);
       return Run("reduce_scatter", [&] {
-        return HostReduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), count,
-                                 elem, fn, deadline);
+        host_->ReduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), count, elem,
+                             fn, deadline);
+        return true;
       });
     }
     std::vector<char> acc(static_cast<const char*>(send),
@@ -582,23 +385,11 @@ class GlooContext final : public Context {
 
   Error AllToAll(const void* send, void* recv, size_t block_bytes, uint32_t tag,
                  int64_t timeout_ms) override {
-    const int n = ctx_->size;
     if (UseHostCopy()) {
       const Deadline deadline(timeout_ms);
       return Run("all_to_all", [&] {
-        const int r = ctx_->rank;
-        const char* in = static_cast<const char*>(send);
-        char* out = static_cast<char*>(recv);
-        std::memcpy(out + static_cast<size_t>(r) * block_bytes,
-                    in + static_cast<size_t>(r) * block_bytes, block_bytes);
-        std::vector<Region> at;
-        ShareRegions(send, recv, block_bytes, deadline, &at);
-        for (int i = 1; i < n; ++i) {
-          const int p = (r + i) % n;
-          Pull(p, at[static_cast<size_t>(p)].in + static_cast<size_t>(r) * block_bytes,
-               out + static_cast<size_t>(p) * block_bytes, block_bytes);
-        }
-        Fence(deadline);
+        host_->AllToAll(static_cast<const char*>(send), static_cast<char*>(recv), block_bytes,
+                        deadline);
         return true;
       });
     }
@@ -619,8 +410,9 @@ class GlooContext final : public Context {
     if (UseHostCopy()) {
       const Deadline deadline(timeout_ms);
       return Run("all_to_all_v", [&] {
-        return HostAllToAllV(static_cast<const char*>(send), send_counts, static_cast<char*>(recv),
-                             recv_counts, elem, deadline);
+        host_->AllToAllV(static_cast<const char*>(send), send_counts, static_cast<char*>(recv),
+                         recv_counts, elem, deadline);
+        return true;
       });
     }
     return BySize(elem, [&](auto t) {
@@ -640,7 +432,7 @@ class GlooContext final : public Context {
     if (UseHostCopy()) {
       const Deadline deadline(timeout_ms);
       return Run("barrier", [&] {
-        Round(deadline);
+        host_->Barrier(deadline);
         return true;
       });
     }
@@ -671,14 +463,7 @@ class GlooContext final : public Context {
   }
 
   void CloseConnections() override {
-    if (board_ != nullptr) {
-      // Wakes every rank waiting in a round (here and in the peers).
-      uint32_t open = 0;
-      board_->header().closed.compare_exchange_strong(open, static_cast<uint32_t>(ctx_->rank) + 1,
-                                                      std::memory_order_acq_rel);
-      for (int r = 0; r < ctx_->size; ++r)
-        Futex(board_->slot(r).round, FUTEX_WAKE, INT_MAX, nullptr);
-    }
+    if (host_ != nullptr) host_->Close();  // wakes ranks waiting in a round
     static const SignalExceptionFn signal = FindSignalException();
     // tcp::Context derives from transport::Context first: same address.
     if (signal != nullptr &&
@@ -754,217 +539,10 @@ class GlooContext final : public Context {
     return true;
   }
 
-  // ---- host copies ----
-
-  // Where a rank's buffers are, for host copies.
-  struct Region {
-    uint64_t in = 0;
-    uint64_t out = 0;
-    uint64_t counts = 0;  // all-to-all-v only
-  };
-
-  bool UseHostCopy() const { return host_copy_ && ctx_->size > 1; }
-
-  static uint64_t Address(const void* p) {
-    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
-  }
-
-  // Enters the next round on the board and waits until every rank has
-  // entered it. Sleeps on each peer's counter in turn (a rank is never more
-  // than one round ahead of another: a round waits for all), waking every
-  // 20 ms to check that the peer's process still exists. Throws
-  // HostCopyError when a peer is gone or closed the group, or at the
-  // deadline.
-  void Round(const Deadline& deadline) {
-    const int n = ctx_->size, r = ctx_->rank;
-    const uint32_t round = ++round_;
-    std::atomic<uint32_t>& mine = board_->slot(r).round;
-    mine.store(round, std::memory_order_release);
-    Futex(mine, FUTEX_WAKE, INT_MAX, nullptr);
-    for (int i = 1; i < n; ++i) {
-      const int p = (r + i) % n;
-      std::atomic<uint32_t>& theirs = board_->slot(p).round;
-      for (;;) {
-        const uint32_t seen = theirs.load(std::memory_order_acquire);
-        if (static_cast<int32_t>(seen - round) >= 0) break;
-        if (const uint32_t closer = board_->header().closed.load(std::memory_order_acquire);
-            closer != 0) {
-          throw HostCopyError("rank " + std::to_string(closer - 1) +
-                                  " closed the group's connections (after a failure or an abort)",
-                              kUnavailable);
-        }
-        if (deadline.passed()) {
-          throw HostCopyError("timed out waiting for rank " + std::to_string(p), kDeadlineExceeded);
-        }
-        const timespec slice{0, 20 * 1000 * 1000};
-        if (Futex(theirs, FUTEX_WAIT, seen, &slice) != 0 && errno == ETIMEDOUT &&
-            ProcessGone(pids_[static_cast<size_t>(p)])) {
-          throw HostCopyError("rank " + std::to_string(p) + " (pid " +
-                                  std::to_string(pids_[static_cast<size_t>(p)]) + ") is gone",
-                              kUnavailable);
-        }
-      }
-    }
-  }
-
-  // Tells every rank where this rank's `in` and `out` are and learns
-  // theirs (one round). A peer overwrites its slot only in a later
-  // operation, after a fence this rank must pass too. `bytes` is the
-  // operation's size, which every rank must give alike: a rank that gave
-  // another would have its peers read past its buffers, so every rank
-  // checks every other's (each sees a mismatch, so all fail, none waits).
-  void ShareRegions(const void* in, const void* out, size_t bytes, const Deadline& deadline,
-                    std::vector<Region>* at, const int64_t* counts = nullptr) {
-    const int n = ctx_->size;
-    HostBoard::Slot& mine = board_->slot(ctx_->rank);
-    mine.in = Address(in);
-    mine.out = Address(out);
-    mine.bytes = bytes;
-    mine.counts = Address(counts);
-    Round(deadline);
-    at->resize(static_cast<size_t>(n));
-    for (int p = 0; p < n; ++p) {
-      const HostBoard::Slot& theirs = board_->slot(p);
-      if (theirs.bytes != bytes) {
-        throw HostCopyError("rank " + std::to_string(p) + " passed " +
-                                std::to_string(theirs.bytes) + " bytes, this rank " +
-                                std::to_string(bytes) + " (every rank must pass the same size)",
-                            kInvalidArgument);
-      }
-      (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out, theirs.counts};
-    }
-  }
-
-  // Returns once every rank reached its fence (one round): until then no
-  // rank's buffers may change, because peers may still be reading them.
-  void Fence(const Deadline& deadline) { Round(deadline); }
-
-  // Copies `bytes` at `remote` in rank `peer` into `local`; throws
-  // HostCopyError.
-  void Pull(int peer, uint64_t remote, void* local, size_t bytes) {
-    const int64_t pid = pids_[static_cast<size_t>(peer)];
-    if (ReadRemote(pid, remote, local, bytes)) return;
-    const int err = errno;
-    throw HostCopyError("reading " + std::to_string(bytes) + " bytes from rank " +
-                            std::to_string(peer) + " (pid " + std::to_string(pid) +
-                            ") failed: " + std::strerror(err),
-                        err == ESRCH ? kUnavailable : kInternal);
-  }
-
-  // out (= rank r's block of the reduction) = mine + every peer's block at
-  // `offset` in their `in`, pulled a piece at a time into `scratch`.
-  void ReduceFromPeers(char* out, const char* mine, const std::vector<Region>& at, size_t offset,
-                       size_t count, size_t elem, const ReduceFn& fn, std::vector<char>& scratch) {
-    const int n = ctx_->size, r = ctx_->rank;
-    const size_t piece = std::max<size_t>(1, scratch.size() / elem);
-    for (size_t begin = 0; begin < count; begin += piece) {
-      const size_t len = std::min(piece, count - begin);
-      char* target = out + begin * elem;
-      if (target != mine + begin * elem) std::memcpy(target, mine + begin * elem, len * elem);
-      for (int i = 1; i < n; ++i) {
-        const int p = (r + i) % n;
-        Pull(p, at[static_cast<size_t>(p)].in + offset + begin * elem, scratch.data(), len * elem);
-        fn(target, target, scratch.data(), len);
-      }
-    }
-  }
-
-  // In place: each rank reduces its block from every peer's buffer, then,
-  // after a fence, copies every other block from the rank that reduced it.
-  // Each block is reduced by one rank, so every rank ends with the same
-  // bits. While rank p changes its own block p, peers read only their own
-  // blocks of p's buffer.
-  bool HostAllReduce(char* data, size_t count, size_t elem, const ReduceFn& fn,
-                     const Deadline& deadline) {
-    const int n = ctx_->size, r = ctx_->rank;
-    const Blocks blocks{count, n};
-    std::vector<Region> at;
-    ShareRegions(data, data, count * elem, deadline, &at);
-    std::vector<char> scratch(std::min(kHostReduceChunk, blocks.len(r) * elem + elem));
-    char* mine = data + blocks.begin(r) * elem;
-    ReduceFromPeers(mine, mine, at, blocks.begin(r) * elem, blocks.len(r), elem, fn, scratch);
-    Fence(deadline);
-    for (int i = 1; i < n; ++i) {
-      const int p = (r + i) % n;
-      const size_t offset = blocks.begin(p) * elem;
-      Pull(p, at[static_cast<size_t>(p)].in + offset, data + offset, blocks.len(p) * elem);
-    }
-    Fence(deadline);
-    return true;
-  }
-
-  // recv = block r of every rank's `send`, reduced. `recv` may be part of
-  // `send` (peers read all of it but block r): then the sum is built aside
-  // and copied in after the fence.
-  bool HostReduceScatter(const char* send, char* recv, size_t count, size_t elem,
-                         const ReduceFn& fn, const Deadline& deadline) {
-    const int n = ctx_->size, r = ctx_->rank;
-    const size_t block = count * elem, total = block * static_cast<size_t>(n);
-    const bool overlaps = recv < send + total && send < recv + block;
-    std::vector<char> aside(overlaps ? block : 0);
-    char* out = overlaps ? aside.data() : recv;
-    std::vector<Region> at;
-    ShareRegions(send, recv, block, deadline, &at);
-    std::vector<char> scratch(std::min(kHostReduceChunk, block + elem));
-    const size_t offset = static_cast<size_t>(r) * block;
-    ReduceFromPeers(out, send + offset, at, offset, count, elem, fn, scratch);
-    Fence(deadline);
-    if (overlaps) std::memcpy(recv, aside.data(), block);
-    return true;
-  }
-
-  // Each rank publishes where its send counts are; each reads every peer's
-  // (n int64 values), finds its block in the peer's buffer and copies it.
-  // The ranks must agree on the element size (checked as a collective's
-  // size); a block whose length is not what this rank expects is skipped
-  // and, after the fence (so that no rank waits for this one), reported
-  // with both counts.
-  bool HostAllToAllV(const char* send, const std::vector<int64_t>& send_counts, char* recv,
-                     const std::vector<int64_t>& recv_counts, size_t elem,
-                     const Deadline& deadline) {
-    const int n = ctx_->size, r = ctx_->rank;
-    std::vector<Region> at;
-    ShareRegions(send, recv, elem, deadline, &at, send_counts.data());
-    std::vector<int64_t> theirs(static_cast<size_t>(n));
-    size_t recv_offset = 0;
-    std::string mismatch;
-    for (int p = 0; p < n; ++p) {
-      const size_t want = static_cast<size_t>(recv_counts[static_cast<size_t>(p)]) * elem;
-      if (p == r) {
-        theirs = send_counts;
-      } else {
-        Pull(p, at[static_cast<size_t>(p)].counts, theirs.data(), theirs.size() * sizeof(int64_t));
-      }
-      size_t offset = 0;
-      for (int k = 0; k < r; ++k) offset += static_cast<size_t>(theirs[static_cast<size_t>(k)]);
-      offset *= elem;
-      const size_t len = static_cast<size_t>(theirs[static_cast<size_t>(r)]) * elem;
-      if (len != want) {
-        if (mismatch.empty()) {
-          mismatch = "rank " + std::to_string(p) + " sends " +
-                     std::to_string(theirs[static_cast<size_t>(r)]) +
-                     " elements to this rank, which expects " +
-                     std::to_string(recv_counts[static_cast<size_t>(p)]);
-        }
-      } else if (p == r) {
-        std::memcpy(recv + recv_offset, send + offset, len);
-      } else {
-        Pull(p, at[static_cast<size_t>(p)].in + offset, recv + recv_offset, len);
-      }
-      recv_offset += want;
-    }
-    Fence(deadline);
-    if (!mismatch.empty()) throw HostCopyError(mismatch, kInvalidArgument);
-    return true;
-  }
-
   std::shared_ptr<MeshContext> ctx_;
   std::shared_ptr<::gloo::transport::Context> transport_;
-  // Each rank's process id, for host copies.
-  const std::vector<int64_t> pids_;
-  // The group's shared page (null: none), and the last round entered on it.
-  const std::unique_ptr<HostBoard> board_;
-  uint32_t round_ = 0;
+  // Host copies (null when the group does not use them).
+  std::unique_ptr<HostGroup> host_;
   bool host_copy_ = false;
 };
 
@@ -992,7 +570,7 @@ constexpr size_t kBoardName = 64;
 class BoardName {
  public:
   ~BoardName() {
-    if (!name.empty()) shm_unlink(name.c_str());
+    if (!name.empty()) HostBoard::Unlink(name);
   }
   std::string name;
 };
@@ -1113,9 +691,13 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
     if (can_read_peers && !name.empty()) board = HostBoard::Open(name, n);
   }
   ctx->Adopt(tcp->get(), transport);
-  const bool can_share = can_read_peers && board != nullptr;
-  auto context = std::make_unique<GlooContext>(std::move(ctx), std::move(transport),
-                                               std::move(pids), std::move(board));
+  std::unique_ptr<HostGroup> host;
+  if (can_read_peers && board != nullptr) {
+    host = std::make_unique<HostGroup>(me, n, std::move(pids), std::move(board));
+  }
+  const bool can_share = host != nullptr;
+  auto context =
+      std::make_unique<GlooContext>(std::move(ctx), std::move(transport), std::move(host));
   // Every rank knows n, so all skip the agreement alike.
   if (n > 1 && n <= kOwnAlgorithmRanks) {
     e = context->AgreeHostCopy(can_share, options.timeout_ms);

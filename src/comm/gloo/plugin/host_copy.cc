@@ -1,0 +1,360 @@
+// Host copies for the Gloo plugin (host_copy.h).
+#include "comm/gloo/plugin/host_copy.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <utility>
+
+namespace strata::gloo_plugin {
+namespace {
+
+// Reduced blocks are read in pieces of this many bytes, each added while it
+// is still in cache.
+constexpr size_t kHostReduceChunk = size_t{128} << 10;
+
+uint64_t Address(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+// True when process `pid` has exited (gone, or a zombie its parent has not
+// reaped yet: torchrun's agent reaps its workers only every so often).
+bool ProcessGone(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%lld/stat", static_cast<long long>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[512];
+  const size_t got = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[got] = '\0';
+  // "pid (comm) S ...": the state follows the last ')'.
+  const char* close_paren = std::strrchr(buf, ')');
+  return close_paren != nullptr && close_paren[1] == ' ' &&
+         (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+long Futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* timeout) {
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+const uint64_t& ProbeWord() {
+  static const uint64_t word = [] {
+    std::random_device rd;
+    const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    return v == 0 ? uint64_t{1} : v;
+  }();
+  return word;
+}
+
+bool HostCopyWanted() {
+  const char* env = std::getenv("STRATA_GLOO_CMA");
+  return env == nullptr || std::string(env) != "0";
+}
+
+bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes) {
+  char* dst = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec l{dst, bytes};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      if (got == 0) errno = EFAULT;
+      return false;
+    }
+    dst += got;
+    remote += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+std::string HostBoard::Create(int n) {
+  std::random_device rd;
+  char name[64];
+  std::snprintf(name, sizeof(name), "/strata-gloo-%ld-%08x%08x", static_cast<long>(getpid()), rd(),
+                rd());
+  const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return {};
+  const bool sized = ftruncate(fd, static_cast<off_t>(Bytes(n))) == 0;
+  close(fd);
+  if (!sized) {
+    shm_unlink(name);
+    return {};
+  }
+  return name;
+}
+
+std::unique_ptr<HostBoard> HostBoard::Open(const std::string& name, int n) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* base = mmap(nullptr, Bytes(n), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return nullptr;
+  return std::unique_ptr<HostBoard>(new HostBoard(base, Bytes(n)));
+}
+
+void HostBoard::Unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+HostBoard::~HostBoard() { munmap(base_, bytes_); }
+
+HostGroup::HostGroup(int rank, int size, std::vector<int64_t> pids,
+                     std::unique_ptr<HostBoard> board)
+    : rank_(rank), size_(size), pids_(std::move(pids)), board_(std::move(board)) {}
+
+void HostGroup::Close() {
+  uint32_t open = 0;
+  board_->header().closed.compare_exchange_strong(open, static_cast<uint32_t>(rank_) + 1,
+                                                  std::memory_order_acq_rel);
+  for (int r = 0; r < size_; ++r) Futex(board_->slot(r).round, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+// Enters the next round on the board and waits until every rank has
+// entered it. Sleeps on each peer's counter in turn (a rank is never more
+// than one round ahead of another: a round waits for all), waking every
+// 20 ms to check that the peer's process still exists. Throws
+// HostCopyError when a peer is gone or closed the group, or at the
+// deadline.
+void HostGroup::Round(const Deadline& deadline) {
+  const int n = size_, r = rank_;
+  const uint32_t round = ++round_;
+  std::atomic<uint32_t>& mine = board_->slot(r).round;
+  mine.store(round, std::memory_order_release);
+  Futex(mine, FUTEX_WAKE, INT_MAX, nullptr);
+  for (int i = 1; i < n; ++i) {
+    const int p = (r + i) % n;
+    std::atomic<uint32_t>& theirs = board_->slot(p).round;
+    for (;;) {
+      const uint32_t seen = theirs.load(std::memory_order_acquire);
+      if (static_cast<int32_t>(seen - round) >= 0) break;
+      if (const uint32_t closer = board_->header().closed.load(std::memory_order_acquire);
+          closer != 0) {
+        throw HostCopyError("rank " + std::to_string(closer - 1) +
+                                " closed the group's connections (after a failure or an abort)",
+                            kUnavailable);
+      }
+      if (deadline.passed()) {
+        throw HostCopyError("timed out waiting for rank " + std::to_string(p), kDeadlineExceeded);
+      }
+      const timespec slice{0, 20 * 1000 * 1000};
+      if (Futex(theirs, FUTEX_WAIT, seen, &slice) != 0 && errno == ETIMEDOUT &&
+          ProcessGone(pids_[static_cast<size_t>(p)])) {
+        throw HostCopyError("rank " + std::to_string(p) + " (pid " +
+                                std::to_string(pids_[static_cast<size_t>(p)]) + ") is gone",
+                            kUnavailable);
+      }
+    }
+  }
+}
+
+// Tells every rank where this rank's `in` and `out` are and learns
+// theirs (one round). A peer overwrites its slot only in a later
+// operation, after a fence this rank must pass too. `bytes` is the
+// operation's size, which every rank must give alike: a rank that gave
+// another would have its peers read past its buffers, so every rank
+// checks every other's (each sees a mismatch, so all fail, none waits).
+void HostGroup::ShareRegions(const void* in, const void* out, size_t bytes,
+                             const Deadline& deadline, std::vector<Region>* at,
+                             const int64_t* counts) {
+  const int n = size_;
+  HostBoard::Slot& mine = board_->slot(rank_);
+  mine.in = Address(in);
+  mine.out = Address(out);
+  mine.bytes = bytes;
+  mine.counts = Address(counts);
+  Round(deadline);
+  at->resize(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p) {
+    const HostBoard::Slot& theirs = board_->slot(p);
+    if (theirs.bytes != bytes) {
+      throw HostCopyError("rank " + std::to_string(p) + " passed " + std::to_string(theirs.bytes) +
+                              " bytes, this rank " + std::to_string(bytes) +
+                              " (every rank must pass the same size)",
+                          kInvalidArgument);
+    }
+    (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out, theirs.counts};
+  }
+}
+
+// Copies `bytes` at `remote` in rank `peer` into `local`; throws
+// HostCopyError.
+void HostGroup::Pull(int peer, uint64_t remote, void* local, size_t bytes) {
+  const int64_t pid = pids_[static_cast<size_t>(peer)];
+  if (ReadRemote(pid, remote, local, bytes)) return;
+  const int err = errno;
+  throw HostCopyError("reading " + std::to_string(bytes) + " bytes from rank " +
+                          std::to_string(peer) + " (pid " + std::to_string(pid) +
+                          ") failed: " + std::strerror(err),
+                      err == ESRCH ? kUnavailable : kInternal);
+}
+
+// out (= rank r's block of the reduction) = mine + every peer's block at
+// `offset` in their `in`, pulled a piece at a time into `scratch`.
+void HostGroup::ReduceFromPeers(char* out, const char* mine, const std::vector<Region>& at,
+                                size_t offset, size_t count, size_t elem, const ReduceFn& fn,
+                                std::vector<char>& scratch) {
+  const int n = size_, r = rank_;
+  const size_t piece = std::max<size_t>(1, scratch.size() / elem);
+  for (size_t begin = 0; begin < count; begin += piece) {
+    const size_t len = std::min(piece, count - begin);
+    char* target = out + begin * elem;
+    if (target != mine + begin * elem) std::memcpy(target, mine + begin * elem, len * elem);
+    for (int i = 1; i < n; ++i) {
+      const int p = (r + i) % n;
+      Pull(p, at[static_cast<size_t>(p)].in + offset + begin * elem, scratch.data(), len * elem);
+      fn(target, target, scratch.data(), len);
+    }
+  }
+}
+
+// In place: each rank reduces its block from every peer's buffer, then,
+// after a fence, copies every other block from the rank that reduced it.
+// Each block is reduced by one rank, so every rank ends with the same
+// bits. While rank p changes its own block p, peers read only their own
+// blocks of p's buffer.
+void HostGroup::AllReduce(char* data, size_t count, size_t elem, const ReduceFn& fn,
+                          const Deadline& deadline) {
+  const int n = size_, r = rank_;
+  const Blocks blocks{count, n};
+  std::vector<Region> at;
+  ShareRegions(data, data, count * elem, deadline, &at);
+  std::vector<char> scratch(std::min(kHostReduceChunk, blocks.len(r) * elem + elem));
+  char* mine = data + blocks.begin(r) * elem;
+  ReduceFromPeers(mine, mine, at, blocks.begin(r) * elem, blocks.len(r), elem, fn, scratch);
+  Fence(deadline);
+  for (int i = 1; i < n; ++i) {
+    const int p = (r + i) % n;
+    const size_t offset = blocks.begin(p) * elem;
+    Pull(p, at[static_cast<size_t>(p)].in + offset, data + offset, blocks.len(p) * elem);
+  }
+  Fence(deadline);
+}
+
+void HostGroup::Broadcast(void* data, size_t bytes, int root, const Deadline& deadline) {
+  // Every rank copies the root's buffer (the root's memory is read n - 1
+  // times at once, which a host's memory serves better than a tree's
+  // dependent steps).
+  std::vector<Region> at;
+  ShareRegions(data, data, bytes, deadline, &at);
+  if (rank_ != root) Pull(root, at[static_cast<size_t>(root)].in, data, bytes);
+  Fence(deadline);
+}
+
+void HostGroup::Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
+                       int root, const Deadline& deadline) {
+  // The root adds every peer's buffer to its own.
+  std::vector<Region> at;
+  ShareRegions(send, recv, count * elem, deadline, &at);
+  if (rank_ == root) {
+    std::vector<char> piece(std::min(kHostReduceChunk, count * elem + elem));
+    ReduceFromPeers(static_cast<char*>(recv), static_cast<const char*>(send), at, 0, count, elem,
+                    fn, piece);
+  }
+  Fence(deadline);
+}
+
+void HostGroup::AllGather(char* out, size_t block_bytes, const Deadline& deadline) {
+  std::vector<Region> at;
+  ShareRegions(out, out, block_bytes, deadline, &at);
+  for (int i = 1; i < size_; ++i) {
+    const int p = (rank_ + i) % size_;
+    const size_t offset = static_cast<size_t>(p) * block_bytes;
+    Pull(p, at[static_cast<size_t>(p)].out + offset, out + offset, block_bytes);
+  }
+  Fence(deadline);
+}
+
+// recv = block r of every rank's `send`, reduced. `recv` may be part of
+// `send` (peers read all of it but block r): then the sum is built aside
+// and copied in after the fence.
+void HostGroup::ReduceScatter(const char* send, char* recv, size_t count, size_t elem,
+                              const ReduceFn& fn, const Deadline& deadline) {
+  const int n = size_, r = rank_;
+  const size_t block = count * elem, total = block * static_cast<size_t>(n);
+  const bool overlaps = recv < send + total && send < recv + block;
+  std::vector<char> aside(overlaps ? block : 0);
+  char* out = overlaps ? aside.data() : recv;
+  std::vector<Region> at;
+  ShareRegions(send, recv, block, deadline, &at);
+  std::vector<char> scratch(std::min(kHostReduceChunk, block + elem));
+  const size_t offset = static_cast<size_t>(r) * block;
+  ReduceFromPeers(out, send + offset, at, offset, count, elem, fn, scratch);
+  Fence(deadline);
+  if (overlaps) std::memcpy(recv, aside.data(), block);
+}
+
+void HostGroup::AllToAll(const char* send, char* recv, size_t block_bytes,
+                         const Deadline& deadline) {
+  std::memcpy(recv + static_cast<size_t>(rank_) * block_bytes,
+              send + static_cast<size_t>(rank_) * block_bytes, block_bytes);
+  std::vector<Region> at;
+  ShareRegions(send, recv, block_bytes, deadline, &at);
+  for (int i = 1; i < size_; ++i) {
+    const int p = (rank_ + i) % size_;
+    Pull(p, at[static_cast<size_t>(p)].in + static_cast<size_t>(rank_) * block_bytes,
+         recv + static_cast<size_t>(p) * block_bytes, block_bytes);
+  }
+  Fence(deadline);
+}
+
+// Each rank publishes where its send counts are; each reads every peer's
+// (n int64 values), finds its block in the peer's buffer and copies it.
+// The ranks must agree on the element size (checked as a collective's
+// size); a block whose length is not what this rank expects is skipped
+// and, after the fence (so that no rank waits for this one), reported
+// with both counts.
+void HostGroup::AllToAllV(const char* send, const std::vector<int64_t>& send_counts, char* recv,
+                          const std::vector<int64_t>& recv_counts, size_t elem,
+                          const Deadline& deadline) {
+  const int n = size_, r = rank_;
+  std::vector<Region> at;
+  ShareRegions(send, recv, elem, deadline, &at, send_counts.data());
+  std::vector<int64_t> theirs(static_cast<size_t>(n));
+  size_t recv_offset = 0;
+  std::string mismatch;
+  for (int p = 0; p < n; ++p) {
+    const size_t want = static_cast<size_t>(recv_counts[static_cast<size_t>(p)]) * elem;
+    if (p == r) {
+      theirs = send_counts;
+    } else {
+      Pull(p, at[static_cast<size_t>(p)].counts, theirs.data(), theirs.size() * sizeof(int64_t));
+    }
+    size_t offset = 0;
+    for (int k = 0; k < r; ++k) offset += static_cast<size_t>(theirs[static_cast<size_t>(k)]);
+    offset *= elem;
+    const size_t len = static_cast<size_t>(theirs[static_cast<size_t>(r)]) * elem;
+    if (len != want) {
+      if (mismatch.empty()) {
+        mismatch = "rank " + std::to_string(p) + " sends " +
+                   std::to_string(theirs[static_cast<size_t>(r)]) +
+                   " elements to this rank, which expects " +
+                   std::to_string(recv_counts[static_cast<size_t>(p)]);
+      }
+    } else if (p == r) {
+      std::memcpy(recv + recv_offset, send + offset, len);
+    } else {
+      Pull(p, at[static_cast<size_t>(p)].in + offset, recv + recv_offset, len);
+    }
+    recv_offset += want;
+  }
+  Fence(deadline);
+  if (!mismatch.empty()) throw HostCopyError(mismatch, kInvalidArgument);
+}
+
+}  // namespace strata::gloo_plugin
