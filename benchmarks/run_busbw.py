@@ -200,8 +200,7 @@ def main_torchrun(args):
     command = (f"python3 benchmarks/run_busbw.py --launcher torchrun --np {args.np} "
                f"--repeats {args.repeats} --max-bytes {args.max_bytes}")
     load = os.getloadavg()[0]
-    ratios = [r["ratio"] if "ratio" in r else r["strata"] / r["peer_value"] for r in rows
-              if r["target"]]
+    ratios = [r["strata"] / r["peer_value"] for r in rows if r["target"]]
     medians = [r["median_ratio"] for r in rows if r["target"]]
     notes = (f"{args.np} CPU processes on one host in one job under torchrun --standalone; fp32 "
              "sum. benchmarks/gloo_busbw.py initialises three sides in every process and, for "

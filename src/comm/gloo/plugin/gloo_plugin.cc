@@ -211,8 +211,7 @@ class GlooContext final : public Context {
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
-  bool HostCopy() const override { return host_copy_; }
-  bool UseHostCopy() const { return host_copy_; }
+  bool HostCopy() const override { return host_ != nullptr; }
 
   // Collective, once after connecting: host copies are used when every rank
   // could read every other and map the board (`mine`: this rank could).
@@ -227,15 +226,20 @@ class GlooContext final : public Context {
                             ::gloo::Slot::build(kHostAgreeSlotPrefix, 0), deadline);
     });
     if (!e.ok()) return e;
-    host_copy_ = std::all_of(flags.begin(), flags.end(), [](char f) { return f == 1; });
-    if (!host_copy_) host_.reset();
+    if (!std::all_of(flags.begin(), flags.end(), [](char f) { return f == 1; })) host_.reset();
     return {};
   }
 
   Error AllReduce(void* data, size_t count, size_t elem, const ReduceFn& fn, uint32_t tag,
                   int64_t timeout_ms) override {
     const int n = ctx_->size;
-    if (n > kOwnAlgorithmRanks || (count * elem >= kOwnAllReduceMaxBytes && !host_copy_)) {
+    if (host_ != nullptr) {
+      if (count == 0) return {};
+      return OnHost("allreduce", timeout_ms, [&](const Deadline& d) {
+        host_->AllReduce(static_cast<char*>(data), count, elem, fn, d);
+      });
+    }
+    if (n > kOwnAlgorithmRanks || count * elem >= kOwnAllReduceMaxBytes) {
       return BySize(elem, [&](auto t) {
         using T = decltype(t);
         return Guard("allreduce", [&] {
@@ -252,12 +256,6 @@ class GlooContext final : public Context {
     char* out = static_cast<char*>(data);
     const size_t bytes = count * elem;
     const Deadline deadline(timeout_ms);
-    if (UseHostCopy()) {
-      return Run("allreduce", [&] {
-        host_->AllReduce(out, count, elem, fn, deadline);
-        return true;
-      });
-    }
     const uint64_t slot = ::gloo::Slot::build(kAllReduceSlotPrefix, tag);
     if (bytes <= kDirectAllReduceBytes || count < static_cast<size_t>(n)) {
       std::vector<char> all(bytes * static_cast<size_t>(n));
@@ -279,12 +277,9 @@ class GlooContext final : public Context {
   }
 
   Error Broadcast(void* data, size_t bytes, int root, uint32_t tag, int64_t timeout_ms) override {
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("broadcast", [&] {
-        host_->Broadcast(data, bytes, root, deadline);
-        return true;
-      });
+    if (host_ != nullptr) {
+      return OnHost("broadcast", timeout_ms,
+                    [&](const Deadline& d) { host_->Broadcast(data, bytes, root, d); });
     }
     return Guard("broadcast", [&] {
       ::gloo::BroadcastOptions opts(ctx_);
@@ -298,11 +293,9 @@ class GlooContext final : public Context {
 
   Error Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
                int root, uint32_t tag, int64_t timeout_ms) override {
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("reduce", [&] {
-        host_->Reduce(send, recv, count, elem, fn, root, deadline);
-        return true;
+    if (host_ != nullptr) {
+      return OnHost("reduce", timeout_ms, [&](const Deadline& d) {
+        host_->Reduce(send, recv, count, elem, fn, root, d);
       });
     }
     // Gloo's ring reduce uses the output on every rank as scratch.
@@ -346,13 +339,11 @@ class GlooContext final : public Context {
       std::memcpy(out + static_cast<size_t>(ctx_->rank) * block_bytes, send, block_bytes);
     }
     if (n == 1 || block_bytes == 0) return {};
-    const Deadline deadline(timeout_ms);
-    if (UseHostCopy()) {
-      return Run("allgather", [&] {
-        host_->AllGather(out, block_bytes, deadline);
-        return true;
-      });
+    if (host_ != nullptr) {
+      return OnHost("allgather", timeout_ms,
+                    [&](const Deadline& d) { host_->AllGather(out, block_bytes, d); });
     }
+    const Deadline deadline(timeout_ms);
     return Run("allgather", [&] {
       return ExchangeBlocks(out, Blocks{block_bytes * static_cast<size_t>(n), n}, 1,
                             ::gloo::Slot::build(kAllGatherSlotPrefix, tag), deadline);
@@ -363,12 +354,10 @@ class GlooContext final : public Context {
                       uint32_t tag, int64_t timeout_ms) override {
     const int n = ctx_->size;
     const size_t block = count * elem;
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("reduce_scatter", [&] {
+    if (host_ != nullptr) {
+      return OnHost("reduce_scatter", timeout_ms, [&](const Deadline& d) {
         host_->ReduceScatter(static_cast<const char*>(send), static_cast<char*>(recv), count, elem,
-                             fn, deadline);
-        return true;
+                             fn, d);
       });
     }
     std::vector<char> acc(static_cast<const char*>(send),
@@ -385,12 +374,9 @@ class GlooContext final : public Context {
 
   Error AllToAll(const void* send, void* recv, size_t block_bytes, uint32_t tag,
                  int64_t timeout_ms) override {
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("all_to_all", [&] {
-        host_->AllToAll(static_cast<const char*>(send), static_cast<char*>(recv), block_bytes,
-                        deadline);
-        return true;
+    if (host_ != nullptr) {
+      return OnHost("all_to_all", timeout_ms, [&](const Deadline& d) {
+        host_->AllToAll(static_cast<const char*>(send), static_cast<char*>(recv), block_bytes, d);
       });
     }
     return Guard("all_to_all", [&] {
@@ -407,12 +393,10 @@ class GlooContext final : public Context {
   Error AllToAllV(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                   const std::vector<int64_t>& recv_counts, size_t elem, uint32_t tag,
                   int64_t timeout_ms) override {
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("all_to_all_v", [&] {
+    if (host_ != nullptr) {
+      return OnHost("all_to_all_v", timeout_ms, [&](const Deadline& d) {
         host_->AllToAllV(static_cast<const char*>(send), send_counts, static_cast<char*>(recv),
-                         recv_counts, elem, deadline);
-        return true;
+                         recv_counts, elem, d);
       });
     }
     return BySize(elem, [&](auto t) {
@@ -429,12 +413,8 @@ class GlooContext final : public Context {
   }
 
   Error Barrier(uint32_t tag, int64_t timeout_ms) override {
-    if (UseHostCopy()) {
-      const Deadline deadline(timeout_ms);
-      return Run("barrier", [&] {
-        host_->Barrier(deadline);
-        return true;
-      });
+    if (host_ != nullptr) {
+      return OnHost("barrier", timeout_ms, [&](const Deadline& d) { host_->Barrier(d); });
     }
     return Guard("barrier", [&] {
       ::gloo::BarrierOptions opts(ctx_);
@@ -483,6 +463,14 @@ class GlooContext final : public Context {
   }
 
  private:
+  // Runs host-copy collective `f(deadline)`, turning what it throws into an
+  // Error.
+  template <typename F>
+  static Error OnHost(const std::string& what, int64_t timeout_ms, F&& f) {
+    const Deadline deadline(timeout_ms);
+    return Guard(what, [&] { f(deadline); });
+  }
+
   // Runs `f` (true: done; false: a wait was aborted), turning what Gloo
   // throws into an Error.
   template <typename F>
@@ -541,9 +529,9 @@ class GlooContext final : public Context {
 
   std::shared_ptr<MeshContext> ctx_;
   std::shared_ptr<::gloo::transport::Context> transport_;
-  // Host copies (null when the group does not use them).
+  // Host copies (null when the group does not use them; set before the
+  // context is handed out, so CloseConnections may read it from any thread).
   std::unique_ptr<HostGroup> host_;
-  bool host_copy_ = false;
 };
 
 // ---- connecting -------------------------------------------------------------
