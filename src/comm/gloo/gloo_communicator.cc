@@ -67,14 +67,21 @@ void* NonNull(void* p) {
   return p != nullptr ? p : &dummy;
 }
 
-// The state of one point-to-point operation, shared by its worker step,
-// its completer step and Abort.
+// The state of one point-to-point operation, shared by its run (posting),
+// its finish (waiting), Abort and the queue. The finish waits for its
+// transfers in a fixed sequence and counts those done, so that a finish
+// suspended on a waiting thread (GlooQueue) resumes where it stopped.
 struct Transfer {
   std::mutex mu;
   bool interrupted = false;
+  bool suspend_asked = false;
+  gloo_plugin::Pending* waiting = nullptr;                       // the wait in progress
   std::unique_ptr<gloo_plugin::Pending> first_op;                // the first part
   std::vector<std::unique_ptr<gloo_plugin::Pending>> chunk_ops;  // the rest, in order
   uint32_t chunk_slot = 0;
+  // Finish state (only the thread running the finish touches these).
+  size_t waited = 0;          // transfers of the sequence waited for
+  bool drain_posted = false;  // receives of chunks beyond the buffer
   // The first part: the byte count, then the payload's first kInline bytes.
   std::unique_ptr<char[]> first{new char[kHeader + kInline]};
   // Where the last chunk lands when the receive buffer holds less than a
@@ -90,17 +97,48 @@ struct Transfer {
       if (op) op->Abort();
     }
   }
-  // Waits for `op` (set under the lock) until `deadline`.
-  absl::Status Await(gloo_plugin::Pending* op, absl::Time deadline, absl::string_view what) {
+  // Hands the transfers, all completed, to `retire` (GlooCommunicator::Retire).
+  template <typename F>
+  void Retire(F&& retire) {
+    std::lock_guard<std::mutex> lock(mu);
+    retire(std::move(first_op), std::move(chunk_ops));
+    chunk_ops.clear();
+  }
+  // Makes the wait in progress, or the next, return Suspended(). Gloo's
+  // abort of a wait does not consume the transfer's completion.
+  void Suspend() {
+    std::lock_guard<std::mutex> lock(mu);
+    suspend_asked = true;
+    if (waiting != nullptr) waiting->Abort();
+  }
+  // Waits for `op`, the next transfer of the sequence, until `deadline`.
+  absl::Status AwaitNext(gloo_plugin::Pending* op, absl::Time deadline, absl::string_view what) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (interrupted) return absl::AbortedError(absl::StrCat(what, ": interrupted"));
+      if (suspend_asked) {
+        suspend_asked = false;
+        return Suspended();
+      }
+      waiting = op;
     }
     const absl::Duration left = deadline - absl::Now();
+    gloo_plugin::Error e;
+    if (left > absl::ZeroDuration()) e = op->Wait(Millis(left));
+    std::lock_guard<std::mutex> lock(mu);
+    waiting = nullptr;
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": the operation's timeout passed"));
     }
-    return FromPlugin(op->Wait(Millis(left)), what);
+    if (e.ok()) {
+      ++waited;
+      return absl::OkStatus();
+    }
+    if (e.code == gloo_plugin::kAborted && suspend_asked && !interrupted) {
+      suspend_asked = false;
+      return Suspended();
+    }
+    return FromPlugin(e, what);
   }
 };
 
@@ -123,7 +161,8 @@ comm_internal::GroupInfo GlooCommunicator::info() const {
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
     Kind kind, const std::string& what, const OpOptions& options, RunFn run,
-    std::function<absl::Status(absl::Time)> finish, std::function<void()> interrupt) {
+    std::function<absl::Status(absl::Time)> finish, std::function<void()> interrupt,
+    std::function<void()> suspend) {
   if (options.timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(what, " on ", health_.where(), ": timeout ",
                                                    absl::FormatDuration(options.timeout),
@@ -154,11 +193,10 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
     };
   }
   op->interrupt = std::move(interrupt);
-  auto work = std::make_unique<comm_internal::PendingWork>(op->pending);
+  op->suspend = std::move(suspend);
   // Posting a transfer does not block: the caller posts it when the queue
   // is idle.
-  queue_->Submit(std::move(op), /*inline_ok=*/kind == Kind::kPointToPoint);
-  return std::unique_ptr<Work>(std::move(work));
+  return queue_->Submit(std::move(op), /*inline_ok=*/kind == Kind::kPointToPoint);
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduce(ConstBuffer send, Buffer recv,
@@ -351,15 +389,21 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
       [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
         // The transfers go out in the order they were posted: waiting for
         // the last one first saves a wake-up per transfer.
+        const size_t n = t->chunk_ops.size();
         absl::Status s;
-        for (size_t i = t->chunk_ops.size(); s.ok() && i > 0; --i) {
-          s = t->Await(t->chunk_ops[i - 1].get(), deadline, what);
+        while (s.ok() && t->waited < n) {
+          s = t->AwaitNext(t->chunk_ops[n - 1 - t->waited].get(), deadline, what);
         }
-        if (s.ok()) s = t->Await(t->first_op.get(), deadline, what);
-        if (!s.ok()) Bury(t);
+        if (s.ok() && t->waited == n) s = t->AwaitNext(t->first_op.get(), deadline, what);
+        if (s.ok()) {
+          t->Retire(
+              [this](auto first, auto chunks) { Retire(std::move(first), std::move(chunks)); });
+        } else if (!IsSuspended(s)) {
+          Bury(t);
+        }
         return s;
       },
-      [t] { t->Interrupt(); });
+      [t] { t->Interrupt(); }, [t] { t->Suspend(); });
   return result;
 }
 
@@ -396,11 +440,14 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
       },
       [this, t, buffer, peer, capacity, expected_chunks,
        what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
-        absl::Status s = t->Await(t->first_op.get(), deadline, what);
+        absl::Status s;
+        if (t->waited == 0) s = t->AwaitNext(t->first_op.get(), deadline, what);
+        if (IsSuspended(s)) return s;
         uint64_t incoming = 0;
         if (s.ok()) std::memcpy(&incoming, t->first.get(), kHeader);
         const size_t sent_chunks = Chunks(incoming);
-        if (s.ok() && sent_chunks > expected_chunks) {
+        if (s.ok() && sent_chunks > expected_chunks && !t->drain_posted) {
+          t->drain_posted = true;
           // Receive what the buffer has no room for, so that the sender
           // completes and the next message starts where it should.
           std::lock_guard<std::mutex> lock(t->mu);
@@ -416,10 +463,17 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
             }
           }
         }
-        for (size_t i = sent_chunks; s.ok() && i > 0; --i) {  // the last first, as in Send
-          s = t->Await(t->chunk_ops[i - 1].get(), deadline, what);
+        // The last first, as in Send (the first part was the sequence's first).
+        while (s.ok() && t->waited <= sent_chunks) {
+          s = t->AwaitNext(t->chunk_ops[sent_chunks - t->waited].get(), deadline, what);
         }
-        if (!s.ok() || sent_chunks < expected_chunks) Bury(t);  // receives still posted
+        if (IsSuspended(s)) return s;
+        if (!s.ok() || sent_chunks < expected_chunks) {
+          Bury(t);  // receives still posted
+        } else {
+          t->Retire(
+              [this](auto first, auto chunks) { Retire(std::move(first), std::move(chunks)); });
+        }
         if (!s.ok()) return s;
         const size_t held = std::min<size_t>(incoming, capacity);
         if (held > 0) std::memcpy(buffer.data, t->first.get() + kHeader, std::min(held, kInline));
@@ -440,7 +494,19 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
             absl::StrCat(what, ": received ", incoming / elem, " x ", DataTypeName(buffer.dtype),
                          ", expected ", buffer.count, " (the sender sent a different count)"));
       },
-      [t] { t->Interrupt(); });
+      [t] { t->Interrupt(); }, [t] { t->Suspend(); });
+}
+
+void GlooCommunicator::Retire(std::unique_ptr<gloo_plugin::Pending> first,
+                              std::vector<std::unique_ptr<gloo_plugin::Pending>> chunks) {
+  std::vector<std::unique_ptr<gloo_plugin::Pending>> old;  // destroyed after the lock
+  std::lock_guard<std::mutex> lock(retired_mu_);
+  retired_.push_back(std::move(first));
+  for (auto& c : chunks) retired_.push_back(std::move(c));
+  while (retired_.size() > kRetired) {
+    old.push_back(std::move(retired_.front()));
+    retired_.pop_front();
+  }
 }
 
 void GlooCommunicator::Bury(std::shared_ptr<void> transfer) {

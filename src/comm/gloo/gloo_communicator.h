@@ -28,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -123,12 +124,15 @@ class GlooCommunicator final : public Communicator {
   // so tags agree); point-to-point operations, which only some ranks issue,
   // take none.
   enum class Kind { kCollective, kPointToPoint };
-  // Queues an operation; `finish` (optional) runs on the completer thread
-  // with the operation's deadline, `interrupt` (optional) makes it return.
+  // Queues an operation; `finish` (optional) runs after `run` with the
+  // operation's deadline, on the completer or a waiting thread (GlooQueue),
+  // `interrupt` (optional) makes it fail, `suspend` (point-to-point only)
+  // makes it return Suspended() and resumable.
   absl::StatusOr<std::unique_ptr<Work>> Start(Kind kind, const std::string& what,
                                               const OpOptions& options, RunFn run,
                                               std::function<absl::Status(absl::Time)> finish = {},
-                                              std::function<void()> interrupt = {});
+                                              std::function<void()> interrupt = {},
+                                              std::function<void()> suspend = {});
   comm_internal::GroupInfo info() const;
   // Classifies a failure: marks the communicator failed (or revoked, when
   // the store says a peer revoked it) and returns the status to report.
@@ -142,6 +146,9 @@ class GlooCommunicator final : public Communicator {
   void CloseConnections();
   // Keeps a failed transfer's buffers alive until the connections are closed.
   void Bury(std::shared_ptr<void> transfer);
+  // Takes completed Gloo transfers (see retired_).
+  void Retire(std::unique_ptr<gloo_plugin::Pending> first,
+              std::vector<std::unique_ptr<gloo_plugin::Pending>> chunks);
 
   const std::shared_ptr<GlooRuntime> runtime_;
   const std::unique_ptr<gloo_plugin::Context> context_;
@@ -163,8 +170,17 @@ class GlooCommunicator final : public Communicator {
   std::vector<uint32_t> received_from_;
   std::mutex graveyard_mu_;
   std::vector<std::shared_ptr<void>> graveyard_;
-  // Last member: stopped (joined) first on destruction.
-  std::unique_ptr<GlooQueue> queue_;
+  // Gloo transfers that completed, destroyed only after kRetired later
+  // ones: Gloo's thread holds a transfer for a moment after signalling its
+  // completion, and destroying it then makes the destroying thread wait
+  // for Gloo's (gloo::ShareableNonOwningPtr yields in a loop), which on a
+  // loaded machine costs the waiter a time slice per message.
+  static constexpr size_t kRetired = 32;
+  std::mutex retired_mu_;
+  std::deque<std::unique_ptr<gloo_plugin::Pending>> retired_;
+  // Last member: stopped (joined) first on destruction. Shared with the
+  // Works, which may outlive the communicator.
+  std::shared_ptr<GlooQueue> queue_;
 };
 
 // Connects a context of `size` ranks through `store` under `uid` (also used

@@ -128,7 +128,7 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooRuntime> runtime,
                            context_->size(), ", world rank ", runtime_->world_rank, ")")),
       sent_to_(context_->size(), 0),
       received_from_(context_->size(), 0),
-      queue_(std::make_unique<GlooQueue>(&health_,
+      queue_(std::make_shared<GlooQueue>(&health_,
                                          [this](const absl::Status& s) { return OnError(s); })) {}
 
 GlooCommunicator::~GlooCommunicator() {

@@ -588,6 +588,54 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
   });
 }
 
+// A thread waiting for a send or receive finishes it itself, and a wait
+// whose deadline passes leaves it in flight (GlooQueue): waits in slices of
+// 5 ms, while the peer posts its side 150 ms late, resume where the last
+// one stopped, across the first part and the chunks, on both sides.
+TEST(GlooThreadsTest, PointToPointWaitsInShortSlicesResumeWhereTheyStopped) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  OnRanks(2, [&](int r, Communicator& c) {
+    for (size_t n : {size_t{1000}, 3 * kMiB / 4 + 5}) {  // int32: one part; four chunks
+      for (int late : {0, 1}) {
+        std::vector<int32_t> data(n, -1);
+        if (r == 0) {
+          for (size_t i = 0; i < n; ++i) data[i] = static_cast<int32_t>(i * 3 + n);
+        }
+        if (r == late) absl::SleepFor(absl::Milliseconds(150));
+        auto work =
+            r == 0 ? c.Send(Buffer::Of(data.data(), n), 1) : c.Recv(Buffer::Of(data.data(), n), 0);
+        ASSERT_TRUE(work.ok()) << work.status();
+        int slices = 0;
+        absl::Status s;
+        do {
+          s = (*work)->Wait(absl::Now() + absl::Milliseconds(5));
+          ++slices;
+        } while (s.code() == absl::StatusCode::kDeadlineExceeded);
+        ASSERT_TRUE(s.ok()) << s;
+        if (r != late) EXPECT_GT(slices, 1) << "count " << n;
+        if (r == 1) {
+          for (size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(data[i], static_cast<int32_t>(i * 3 + n)) << "count " << n << " at " << i;
+          }
+        }
+        ASSERT_TRUE(Wait(c.Barrier()).ok());
+      }
+    }
+    // Waiting for the later of two operations finishes the earlier first.
+    const int peer = 1 - r;
+    std::vector<int32_t> in(kMiB / 2, 0), out(kMiB / 2, r + 1);
+    auto recv = c.Recv(Buffer::Of(in.data(), in.size()), peer);
+    auto send = c.Send(Buffer::Of(out.data(), out.size()), peer);
+    ASSERT_TRUE(recv.ok() && send.ok());
+    ASSERT_TRUE((*send)->Wait(Soon()).ok());
+    absl::StatusOr<bool> done = (*recv)->Test();
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_TRUE(*done);
+    EXPECT_EQ(in.front(), peer + 1);
+    EXPECT_EQ(in.back(), peer + 1);
+  });
+}
+
 TEST(GlooThreadsTest, RootCreationNeedsItsPeersAndAStore) {
   // Rank 1 of 2 never arrives: rank 0's creation ends at its deadline.
   RootOptions options;
