@@ -29,22 +29,38 @@ constexpr uint32_t kChunkSlotBase = 2;  // + the message's number modulo kChunkS
 constexpr uint32_t kChunkSlots = uint32_t{1} << 30;
 // The first part is the byte count (8 bytes) and up to kInline bytes of
 // the payload, copied together so that a small message is one Gloo
-// transfer; each chunk of the rest holds at most kChunk bytes. The receiver
-// posts a receive of the first part's full size and one of each chunk's
-// full size for every chunk its buffer holds, at once, so a message of the expected size
-// needs no round trip at any size, and no sender can send more into a
-// receive than it holds (Gloo would assert).
+// transfer; the rest goes in chunks whose bounds depend on the offset only.
+// The receiver posts a receive of the first part's full size and one of
+// each chunk's full size for every chunk its buffer holds, at once, so a
+// message of the expected size needs no round trip at any size, and no
+// sender can send more into a receive than it holds (Gloo would assert).
 constexpr size_t kHeader = sizeof(uint64_t);
 constexpr size_t kInline = size_t{64} << 10;
-constexpr size_t kChunk = size_t{1} << 20;
+// Chunk 0 runs from kInline to 1 MiB; the chunks after it double in size
+// up to kMaxChunk, then stay at kMaxChunk: [1, 2), [2, 4), [4, 8), [8, 12),
+// [12, 16) MiB and so on. Each Gloo transfer costs a rendezvous and a
+// completion, so fewer, larger chunks pay at large sizes; a power of two
+// fills every receive it needs, and any other size stages only its last
+// chunk (at most kMaxChunk).
+constexpr size_t kFirstChunkEnd = size_t{1} << 20;
+constexpr size_t kMaxChunk = size_t{4} << 20;
+constexpr int kDoublings = 2;  // log2(kMaxChunk / kFirstChunkEnd)
+// Where the doubling stops: chunk kDoublings + 1 ends at 8 MiB.
+constexpr size_t kDoubledEnd = kFirstChunkEnd << (kDoublings + 1);
 
-// The chunks of a message of `bytes` after its first part: chunk i holds
-// bytes [ChunkStart(i), min((i + 1) kChunk, bytes)), so chunk 0 starts after
-// the inline bytes and the others on kChunk boundaries (a message of whole
-// MiBs fills every receive it needs: nothing to stage).
-size_t Chunks(size_t bytes) { return bytes <= kInline ? 0 : (bytes - 1) / kChunk + 1; }
-size_t ChunkStart(size_t i) { return i == 0 ? kInline : i * kChunk; }
-size_t ChunkEnd(size_t i) { return (i + 1) * kChunk; }
+size_t ChunkEnd(size_t i) {
+  if (i <= kDoublings + 1) return kFirstChunkEnd << i;
+  return kDoubledEnd + (i - kDoublings - 1) * kMaxChunk;
+}
+size_t ChunkStart(size_t i) { return i == 0 ? kInline : ChunkEnd(i - 1); }
+// How many chunks a message of `bytes` has after its first part.
+size_t Chunks(size_t bytes) {
+  if (bytes <= kInline) return 0;
+  if (bytes > kDoubledEnd) return kDoublings + 3 + (bytes - kDoubledEnd - 1) / kMaxChunk;
+  size_t i = 0;
+  while (ChunkEnd(i) < bytes) ++i;
+  return i + 1;
+}
 
 bool CanMove(DataType) { return true; }
 bool CanReduce(DataType t) { return t != DataType::kBool; }
@@ -82,8 +98,9 @@ struct Transfer {
   // Finish state (only the thread running the finish touches these).
   size_t waited = 0;          // transfers of the sequence waited for
   bool drain_posted = false;  // receives of chunks beyond the buffer
-  // The first part: the byte count, then the payload's first kInline bytes.
-  std::unique_ptr<char[]> first{new char[kHeader + kInline]};
+  // The first part: the byte count, then up to kInline bytes of the
+  // payload (a receive has room for kInline, a send only what it sends).
+  std::unique_ptr<char[]> first;
   // Where the last chunk lands when the receive buffer holds less than a
   // whole one there.
   std::unique_ptr<char[]> last_staging;
@@ -364,6 +381,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
   auto t = std::make_shared<Transfer>();
   const uint64_t bytes = Bytes(buffer.count, buffer.dtype);
   const size_t inline_bytes = std::min<size_t>(bytes, kInline);
+  t->first.reset(new char[kHeader + inline_bytes]);
   std::memcpy(t->first.get(), &bytes, kHeader);
   if (inline_bytes > 0) std::memcpy(t->first.get() + kHeader, buffer.data, inline_bytes);
   const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
@@ -412,6 +430,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidatePeer(info(), "recv", buffer, peer, GlooCapabilities()));
   auto t = std::make_shared<Transfer>();
+  t->first.reset(new char[kHeader + kInline]);
   const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
   const size_t capacity = Bytes(buffer.count, buffer.dtype);
   const size_t expected_chunks = Chunks(capacity);
@@ -454,7 +473,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
           if (t->interrupted) {
             s = absl::AbortedError(absl::StrCat(what, ": interrupted"));
           } else {
-            t->drain.reset(new char[kChunk]);
+            t->drain.reset(new char[kMaxChunk]);
             t->chunk_ops.resize(sent_chunks);
             for (size_t i = expected_chunks; s.ok() && i < sent_chunks; ++i) {
               s = FromPlugin(context_->Recv(t->drain.get(), ChunkEnd(i) - ChunkStart(i), peer,

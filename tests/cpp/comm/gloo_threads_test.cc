@@ -524,12 +524,14 @@ TEST(GlooThreadsTest, MismatchedPointToPointSizesAreErrorsNotCrashes) {
 TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
   constexpr size_t kMiB = size_t{1} << 20;
   // int32 elements: around the first part (the count and 64 KiB) and the
-  // chunks after it (up to 1 MiB, the rest of the message's first MiB, then
-  // each further MiB), up to 8 MiB + 12 bytes.
+  // chunks after it (to 1 MiB, then [1, 2), [2, 4), [4, 8), [8, 12), [12, 16)
+  // MiB), up to 16 MiB + 12 bytes.
   constexpr size_t kInline = 16 << 10, kChunk = kMiB / 4;  // in elements
   const std::vector<size_t> counts = {
-      0,      1,          kInline - 1, kInline,          kInline + 1, kChunk - 1,
-      kChunk, kChunk + 1, kMiB / 2,    3 * kMiB / 4 + 5, kMiB,        2 * kMiB + 3};
+      0,          1,           kInline - 1, kInline,      kInline + 1,
+      kChunk - 1, kChunk,      kChunk + 1,  kMiB / 2,     3 * kMiB / 4 + 5,
+      kMiB,       kMiB + 1,    2 * kMiB,    2 * kMiB + 1, 3 * kMiB - 1,
+      3 * kMiB,   4 * kMiB + 3};
   OnRanks(2, [&](int r, Communicator& c) {
     for (size_t n : counts) {
       std::vector<int32_t> data(n);
@@ -555,6 +557,8 @@ TEST(GlooThreadsTest, PointToPointAcrossTheFirstPartBoundary) {
                                                           {kMiB / 2 + 7, kMiB / 2 + 3},
                                                           {kMiB / 2 + 3, kMiB / 2 + 7},
                                                           {3 * kMiB / 4 + 5, kMiB / 4 + 1},
+                                                          {3 * kMiB + 5, 2 * kMiB + 1},
+                                                          {2 * kMiB + 1, 3 * kMiB + 5},
                                                           {kInline + 1, kInline},
                                                           {kInline, kInline + 1},
                                                           {kInline - 1, 3}};
