@@ -18,7 +18,10 @@ compares strata's store-bootstrapped Gloo backend with torch.distributed's
 gloo under torchrun instead: one job of benchmarks/gloo_busbw.py under
 `torchrun --standalone --nproc-per-node N` with both libraries (and strata
 with host copies off, STRATA_GLOO_CMA=0) initialised in every process, each
-operation and size run by the sides in turn, `--repeats` rounds. Writes
+operation and size run by the sides in turn, `--repeats` rounds; then
+send/recv again with each library alone in its job (`--repeats` pairs of
+jobs in turn), because the two libraries' send/recv times move with each
+other's rounds when they share a process. Writes
 benchmarks/results/busbw_torchrun.json; target >= 1.0 (issue 4).
 """
 
@@ -163,6 +166,22 @@ def parse_sides(text, n):
     return out
 
 
+def separate_sendrecv(args, env, sizes):
+    """{bytes: (strata busbw, torch busbw)} of send/recv with each library
+    alone in its job, the two jobs in turn args.repeats times, best per size."""
+    best = {}
+    for rep in range(args.repeats):
+        for lib in ("strata", "torch"):
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(args.np), os.path.join(HERE, "gloo_busbw.py"), "--op",
+                   "sendrecv", *sizes, "--lib", lib]
+            print(f"separate job {rep + 1}/{args.repeats}: send/recv, {lib} alone", flush=True)
+            for (op, nbytes), (bw, _) in parse_sides(run(cmd, env), args.np).get(lib, {}).items():
+                side = best.setdefault(nbytes, {})
+                side[lib] = max(side.get(lib, 0.0), bw)
+    return {n: (v["strata"], v["torch"]) for n, v in best.items() if len(v) == 2}
+
+
 def main_torchrun(args):
     load_before = os.getloadavg()[0]
     sizes = ["--min-bytes", args.min_bytes, "--max-bytes", args.max_bytes]
@@ -197,11 +216,23 @@ def main_torchrun(args):
             rows.append({"case": f"{op} {human(nbytes)}, STRATA_GLOO_CMA=0", "metric": "busbw",
                          "unit": "GB/s", "strata": t, "peer": "torch.distributed gloo",
                          "peer_value": peer[(o, nbytes)][0], "target": None})
+    separate = separate_sendrecv(args, env, sizes) if "sendrecv" in args.ops.split(",") else {}
+    if separate:
+        print(f"\nsend/recv, each library alone in its job (best of {args.repeats} jobs each)")
+        for nbytes, (s, g) in sorted(separate.items()):
+            print(f"{'sendrecv':15s} {human(nbytes):>9s} {s:8.3f} {g:8.3f} {s / g:6.2f}")
+    for nbytes, (s, g) in sorted(separate.items()):
+        rows.append({"case": f"sendrecv {human(nbytes)}, separate jobs", "metric": "busbw",
+                     "unit": "GB/s", "strata": s, "peer": "torch.distributed gloo",
+                     "peer_value": g, "target": ">= 1.0"})
     command = (f"python3 benchmarks/run_busbw.py --launcher torchrun --np {args.np} "
                f"--repeats {args.repeats} --max-bytes {args.max_bytes}")
     load = os.getloadavg()[0]
-    ratios = [r["strata"] / r["peer_value"] for r in rows if r["target"]]
-    medians = [r["median_ratio"] for r in rows if r["target"]]
+    ratios = [r["strata"] / r["peer_value"] for r in rows if "median_ratio" in r]
+    medians = [r["median_ratio"] for r in rows if "median_ratio" in r]
+    apart = [s / g for s, g in separate.values()]
+    torch_shift = [peer[("sendrecv", n)][0] / g for n, (s, g) in separate.items()]
+    strata_shift = [host[("sendrecv", n)][0] / s for n, (s, g) in separate.items()]
     notes = (f"{args.np} CPU processes on one host in one job under torchrun --standalone; fp32 "
              "sum. benchmarks/gloo_busbw.py initialises three sides in every process and, for "
              f"each operation and size, runs them in turn, {args.repeats} rounds, each side "
@@ -214,7 +245,14 @@ def main_torchrun(args):
              "busbw = bytes / time of the best round x the nccl-tests factor. Ratio of the "
              f"medians of the rounds over the targeted rows: {min(medians):.2f} to "
              f"{max(medians):.2f}; of the best rounds: {min(ratios):.2f} to {max(ratios):.2f}. "
-             f"1-minute load average {load_before:.1f} before the run and {load:.1f} at the "
+             + (f"Rows marked 'separate jobs': send/recv again with each library alone in its "
+                f"process (gloo_busbw.py --lib strata, then --lib torch, {args.repeats} pairs of "
+                "jobs in turn, best job per size), because sharing a process changes each "
+                "side's send/recv: torch's busbw in the shared job / alone "
+                f"{min(torch_shift):.2f} to {max(torch_shift):.2f}, strata's "
+                f"{min(strata_shift):.2f} to {max(strata_shift):.2f}; strata / torch alone "
+                f"{min(apart):.2f} to {max(apart):.2f}. " if apart else "")
+             + f"1-minute load average {load_before:.1f} before the run and {load:.1f} at the "
              f"end (this benchmark's own {args.np} processes included), on "
              f"{os.cpu_count()} cores.")
     for r in rows:
