@@ -93,6 +93,17 @@ class GlooQueueTest : public ::testing::Test {
   // it; `order` records the order of completions.
   std::unique_ptr<Work> Transfer(const std::shared_ptr<FakeTransfer>& t, const std::string& name,
                                  absl::Duration timeout = absl::Seconds(30)) {
+    std::shared_ptr<QueuedOp> op = Op(t, name, timeout);
+    op->suspend = [t] { t->Suspend(); };
+    return queue_->Submit(std::move(op), /*inline_ok=*/true);
+  }
+  // A collective whose finish cannot be suspended (the completer's only).
+  std::unique_ptr<Work> Collective(const std::shared_ptr<FakeTransfer>& t,
+                                   const std::string& name) {
+    return queue_->Submit(Op(t, name, absl::Seconds(30)));
+  }
+  std::shared_ptr<QueuedOp> Op(const std::shared_ptr<FakeTransfer>& t, const std::string& name,
+                               absl::Duration timeout) {
     auto op = std::make_shared<QueuedOp>();
     op->pending = std::make_shared<PendingOp>(name, absl::Now() + timeout);
     op->run = [](absl::Duration) { return absl::OkStatus(); };
@@ -102,22 +113,7 @@ class GlooQueueTest : public ::testing::Test {
       return s;
     };
     op->interrupt = [t] { t->Interrupt(); };
-    op->suspend = [t] { t->Suspend(); };
-    return queue_->Submit(std::move(op), /*inline_ok=*/true);
-  }
-  // A collective whose finish cannot be suspended (the completer's only).
-  std::unique_ptr<Work> Collective(const std::shared_ptr<FakeTransfer>& t,
-                                   const std::string& name) {
-    auto op = std::make_shared<QueuedOp>();
-    op->pending = std::make_shared<PendingOp>(name, absl::Now() + absl::Seconds(30));
-    op->run = [](absl::Duration) { return absl::OkStatus(); };
-    op->finish = [this, t, name](absl::Time deadline) {
-      absl::Status s = t->Finish(deadline);
-      if (s.ok()) Record(name);
-      return s;
-    };
-    op->interrupt = [t] { t->Interrupt(); };
-    return queue_->Submit(std::move(op));
+    return op;
   }
   void Record(const std::string& name) {
     std::lock_guard<std::mutex> lock(order_mu_);
@@ -126,6 +122,13 @@ class GlooQueueTest : public ::testing::Test {
   std::vector<std::string> order() {
     std::lock_guard<std::mutex> lock(order_mu_);
     return order_;
+  }
+  // The peer's side: `t` arrives 30 ms from now.
+  static std::thread ArriveLater(std::shared_ptr<FakeTransfer> t) {
+    return std::thread([t] {
+      absl::SleepFor(absl::Milliseconds(30));
+      t->Arrive();
+    });
   }
   // Polls without asking anyone to hurry.
   static bool DoneWithin(const std::shared_ptr<FakeTransfer>& t, absl::Duration limit) {
@@ -149,10 +152,7 @@ class GlooQueueTest : public ::testing::Test {
 TEST_F(GlooQueueTest, TheWaitingThreadFinishesItsOwnTransfer) {
   auto t = std::make_shared<FakeTransfer>();
   std::unique_ptr<Work> work = Transfer(t, "recv");
-  std::thread peer([t] {
-    absl::SleepFor(absl::Milliseconds(30));
-    t->Arrive();
-  });
+  std::thread peer = ArriveLater(t);
   EXPECT_TRUE(work->Wait(absl::Now() + absl::Seconds(10)).ok());
   peer.join();
   ASSERT_EQ(t->finished_on.size(), 1u);
@@ -164,10 +164,7 @@ TEST_F(GlooQueueTest, WaitingForALaterTransferFinishesTheEarlierOnesFirst) {
   auto a = std::make_shared<FakeTransfer>(), b = std::make_shared<FakeTransfer>();
   std::unique_ptr<Work> wa = Transfer(a, "a"), wb = Transfer(b, "b");
   b->Arrive();
-  std::thread peer([a] {
-    absl::SleepFor(absl::Milliseconds(30));
-    a->Arrive();
-  });
+  std::thread peer = ArriveLater(a);
   EXPECT_TRUE(wb->Wait(absl::Now() + absl::Seconds(10)).ok());
   peer.join();
   EXPECT_EQ(*wa->Test(), true);  // done before b
@@ -225,10 +222,7 @@ TEST_F(GlooQueueTest, ACollectiveBeforeTheTransferIsFinishedByTheCompleterInOrde
   std::unique_ptr<Work> wc = Collective(c, "collective");
   std::unique_ptr<Work> wt = Transfer(t, "recv");
   t->Arrive();
-  std::thread peer([c] {
-    absl::SleepFor(absl::Milliseconds(30));
-    c->Arrive();
-  });
+  std::thread peer = ArriveLater(c);
   EXPECT_TRUE(wt->Wait(absl::Now() + absl::Seconds(10)).ok());
   peer.join();
   EXPECT_EQ(order(), (std::vector<std::string>{"collective", "recv"}));
