@@ -12,8 +12,9 @@ or under torchrun, where ``--lib`` names one or more of ``torch``, ``strata``
 store: strata.init(backend="gloo")) and ``strata-tcp`` (the same with
 STRATA_GLOO_CMA=0: Gloo's transport even between ranks of one host), all
 initialised in the same processes; for each operation and size the job
-runs them in turn, ``--rounds`` times, so every side sees the machine in
-the same state, and prints each side's best and median round. All sides
+runs them in turn, ``--rounds`` times, each round starting with the next
+side, so every side sees the machine in the same state and follows each of
+the others as often, and prints each side's best and median round. All sides
 pay the same Python call per operation:
 
     torchrun --standalone --nproc-per-node 4 benchmarks/gloo_busbw.py \
@@ -182,8 +183,12 @@ def main():
             b = torch.zeros(count, dtype=torch.float32)
             iters = iters_for(size, args.iters)
             times = {side.name: [] for side in sides}
-            for _ in range(args.rounds):
-                for side in sides:
+            for r in range(args.rounds):
+                # Each round starts with the next side: a side runs faster
+                # after another library's rounds than after its own (the
+                # scheduler's state, measured for send/recv), so a fixed
+                # order would favour whichever side always follows another.
+                for side in sides[r % len(sides):] + sides[:r % len(sides)]:
                     times[side.name].append(time_side(side, op, a, b, args.warmup, iters))
             nbytes = count * 4
             for side in sides:

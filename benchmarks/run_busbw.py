@@ -235,7 +235,8 @@ def main_torchrun(args):
     strata_shift = [host[("sendrecv", n)][0] / s for n, (s, g) in separate.items()]
     notes = (f"{args.np} CPU processes on one host in one job under torchrun --standalone; fp32 "
              "sum. benchmarks/gloo_busbw.py initialises three sides in every process and, for "
-             f"each operation and size, runs them in turn, {args.repeats} rounds, each side "
+             f"each operation and size, runs them in turn, {args.repeats} rounds (each round "
+             "starting with the next side), each side "
              "making the same Python call per operation: strata = strata.init(backend='gloo') "
              "through torchrun's TCPStore (the ranks share this host, so collectives take "
              "strata's host copies, docs/launch.md; send/recv go through Gloo's transport); "
