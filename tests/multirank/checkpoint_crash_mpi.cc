@@ -120,12 +120,9 @@ void RestartAlone(const std::string& dir, int victim, int rank) {
   const int first = victim == 0 ? 1 : 0;
   (void)checkpoint_internal::WriteNewFile(JoinPath(dir, absl::StrCat("done-", rank)), "");
   if (rank != first) return;
-  const Mesh alone = MakeMesh(1, 1, 1);
-  CHECK_TRUE(Save(nullptr, CommUse::kDedicated, dir, alone, 3, nullptr).ok(), "restarted save");
-  ExpectIntact(nullptr, dir, -1, 3, alone, 0);
-  CHECK_TRUE(!checkpoint_internal::PathExists(JoinPath(dir, "step-2.tmp")),
-             "step-2.tmp left behind");
-  ExpectIntact(nullptr, dir, 1, 1, alone, 0);
+  // The restart comes after the crashed job: wait until every survivor has
+  // read what the crash left (a survivor slower to learn of the failure
+  // would otherwise find the restart's step 3 as `latest`).
   const absl::Time until = Deadline();
   for (int r = 0; r < 4; ++r) {
     while (r != victim &&
@@ -134,6 +131,12 @@ void RestartAlone(const std::string& dir, int victim, int rank) {
       absl::SleepFor(absl::Milliseconds(5));
     }
   }
+  const Mesh alone = MakeMesh(1, 1, 1);
+  CHECK_TRUE(Save(nullptr, CommUse::kDedicated, dir, alone, 3, nullptr).ok(), "restarted save");
+  ExpectIntact(nullptr, dir, -1, 3, alone, 0);
+  CHECK_TRUE(!checkpoint_internal::PathExists(JoinPath(dir, "step-2.tmp")),
+             "step-2.tmp left behind");
+  ExpectIntact(nullptr, dir, 1, 1, alone, 0);
   (void)checkpoint_internal::RemoveTree(dir);
 }
 
