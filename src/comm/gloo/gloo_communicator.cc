@@ -45,6 +45,7 @@ constexpr size_t kInline = size_t{64} << 10;
 constexpr size_t kFirstChunkEnd = size_t{1} << 20;
 constexpr size_t kMaxChunk = size_t{4} << 20;
 constexpr int kDoublings = 2;  // log2(kMaxChunk / kFirstChunkEnd)
+static_assert((kFirstChunkEnd << kDoublings) == kMaxChunk);
 // Where the doubling stops: chunk kDoublings + 1 ends at 8 MiB.
 constexpr size_t kDoubledEnd = kFirstChunkEnd << (kDoublings + 1);
 
