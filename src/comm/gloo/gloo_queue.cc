@@ -103,7 +103,7 @@ void GlooQueue::FailAll(const absl::Status& status) {
         status.code(), absl::StrCat(op->pending->description(), ": ", status.message())));
     if (op->interrupt) op->interrupt();
   }
-  // Failed operations are due at once.
+  // Failed operations are due at once (Due): the completer drops them.
   done_cv_.notify_all();
 }
 
@@ -130,7 +130,8 @@ void GlooQueue::Forget(const QueuedOp* op) {
 }
 
 absl::Time GlooQueue::Due(const QueuedOp& op) const {
-  if (stop_ || op.seq < hurried_upto_ || !op.run_status.ok() || !op.finish || !op.suspend) {
+  if (stop_ || op.seq < hurried_upto_ || !op.run_status.ok() || !Claimable(op) || !op.finish ||
+      op.pending->done()) {
     return absl::InfinitePast();
   }
   return op.ready_since + kGrace;
