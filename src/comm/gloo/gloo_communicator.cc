@@ -160,6 +160,62 @@ struct Transfer {
   }
 };
 
+// A point-to-point operation between ranks of one host (host copies): one
+// message (gloo_plugin::HostTransfer), posted by the run, waited for by the
+// finish, which a suspend makes return Suspended() and resumable.
+struct HostOp {
+  std::mutex mu;
+  std::unique_ptr<gloo_plugin::HostTransfer> message;
+  bool interrupted = false;  // before the message was posted
+  bool suspend_asked = false;
+
+  void Adopt(std::unique_ptr<gloo_plugin::HostTransfer> m) {
+    std::lock_guard<std::mutex> lock(mu);
+    message = std::move(m);
+    if (interrupted) message->Interrupt();
+    if (suspend_asked) message->Suspend();
+    suspend_asked = false;
+  }
+  void Interrupt() {
+    std::lock_guard<std::mutex> lock(mu);
+    interrupted = true;
+    if (message) message->Interrupt();
+  }
+  void Suspend() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (message) {
+      message->Suspend();
+    } else {
+      suspend_asked = true;
+    }
+  }
+  absl::Status Await(absl::Time deadline, absl::string_view what) {
+    gloo_plugin::HostTransfer* m;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      m = message.get();
+    }
+    if (m == nullptr) return absl::AbortedError(absl::StrCat(what, ": interrupted"));
+    // Past the deadline the message still gets a last look (a millisecond).
+    const gloo_plugin::Error e = m->Wait(Millis(deadline - absl::Now()));
+    if (!e.ok() && !m->finished()) return Suspended();
+    return FromPlugin(e, what);
+  }
+};
+
+// A receive's error when the sender sent `incoming` bytes into `buffer`.
+absl::Status SizeMismatch(absl::string_view what, const Buffer& buffer, uint64_t incoming) {
+  const size_t elem = DataTypeSize(buffer.dtype);
+  if (incoming > Bytes(buffer.count, buffer.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the sender sent a message of ", incoming / elem, " x ",
+                     DataTypeName(buffer.dtype), ", larger than the buffer (", buffer.count, ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": received ", incoming / elem, " x ", DataTypeName(buffer.dtype),
+                   ", expected ", buffer.count, " (the sender sent a different count)"));
+}
+
 }  // namespace
 
 absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description) {
@@ -379,6 +435,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidatePeer(info(), "send", buffer, peer, GlooCapabilities()));
+  if (host_copy()) return HostSend(buffer, peer, options);
   auto t = std::make_shared<Transfer>();
   const uint64_t bytes = Bytes(buffer.count, buffer.dtype);
   const size_t inline_bytes = std::min<size_t>(bytes, kInline);
@@ -430,6 +487,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
                                                              const OpOptions& options) {
   STRATA_RETURN_IF_ERROR(
       comm_internal::ValidatePeer(info(), "recv", buffer, peer, GlooCapabilities()));
+  if (host_copy()) return HostRecv(buffer, peer, options);
   auto t = std::make_shared<Transfer>();
   t->first.reset(new char[kHeader + kInline]);
   const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
@@ -504,15 +562,55 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
           }
         }
         if (incoming == capacity) return absl::OkStatus();
-        const size_t elem = DataTypeSize(buffer.dtype);
-        if (incoming > capacity) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              what, ": the sender sent a message of ", incoming / elem, " x ",
-              DataTypeName(buffer.dtype), ", larger than the buffer (", buffer.count, ")"));
-        }
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, ": received ", incoming / elem, " x ", DataTypeName(buffer.dtype),
-                         ", expected ", buffer.count, " (the sender sent a different count)"));
+        return SizeMismatch(what, buffer, incoming);
+      },
+      [t] { t->Interrupt(); }, [t] { t->Suspend(); });
+}
+
+// Ranks of one host: each message is one HostTransfer, copied once between
+// the two buffers by whichever rank finishes it first (gloo_plugin's
+// host_p2p.h); nothing is staged or chunked.
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostSend(ConstBuffer buffer, int peer,
+                                                                 const OpOptions& options) {
+  auto t = std::make_shared<HostOp>();
+  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
+  return Start(
+      Kind::kPointToPoint, what, options,
+      [this, t, buffer, peer](const Step& step) {
+        std::unique_ptr<gloo_plugin::HostTransfer> m;
+        STRATA_RETURN_IF_ERROR(FromPlugin(
+            context_->HostSend(NonNull(const_cast<void*>(buffer.data)),
+                               Bytes(buffer.count, buffer.dtype), peer, step.timeout_ms, &m),
+            step.description));
+        t->Adopt(std::move(m));
+        return absl::OkStatus();
+      },
+      [t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+        return t->Await(deadline, what);
+      },
+      [t] { t->Interrupt(); }, [t] { t->Suspend(); });
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostRecv(Buffer buffer, int peer,
+                                                                 const OpOptions& options) {
+  auto t = std::make_shared<HostOp>();
+  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
+  return Start(
+      Kind::kPointToPoint, what, options,
+      [this, t, buffer, peer](const Step& step) {
+        std::unique_ptr<gloo_plugin::HostTransfer> m;
+        STRATA_RETURN_IF_ERROR(
+            FromPlugin(context_->HostRecv(NonNull(buffer.data), Bytes(buffer.count, buffer.dtype),
+                                          peer, step.timeout_ms, &m),
+                       step.description));
+        t->Adopt(std::move(m));
+        return absl::OkStatus();
+      },
+      [t, buffer, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+        STRATA_RETURN_IF_ERROR(t->Await(deadline, what));
+        const uint64_t incoming = t->message->sent_bytes();
+        if (incoming == Bytes(buffer.count, buffer.dtype)) return absl::OkStatus();
+        return SizeMismatch(what, buffer, incoming);
       },
       [t] { t->Interrupt(); }, [t] { t->Suspend(); });
 }

@@ -134,6 +134,10 @@ class GlooCommunicator final : public Communicator {
                                               std::function<void()> interrupt = {},
                                               std::function<void()> suspend = {});
   comm_internal::GroupInfo info() const;
+  // Send and Recv between ranks of one host (host_copy()).
+  absl::StatusOr<std::unique_ptr<Work>> HostSend(ConstBuffer buffer, int peer,
+                                                 const OpOptions& options);
+  absl::StatusOr<std::unique_ptr<Work>> HostRecv(Buffer buffer, int peer, const OpOptions& options);
   // Classifies a failure: marks the communicator failed (or revoked, when
   // the store says a peer revoked it) and returns the status to report.
   absl::Status OnError(const absl::Status& status);

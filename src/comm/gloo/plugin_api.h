@@ -34,7 +34,7 @@
 
 namespace strata::gloo_plugin {
 
-inline constexpr int kApiVersion = 2;
+inline constexpr int kApiVersion = 3;
 
 // An error: `code` is an absl::StatusCode value (0 is OK).
 struct Error {
@@ -94,6 +94,29 @@ class Pending {
   virtual void Abort() = 0;
 };
 
+// A point-to-point message between ranks of one host (Context::HostSend,
+// HostRecv), copied directly between the two ranks' buffers.
+class HostTransfer {
+ public:
+  virtual ~HostTransfer() = default;
+  // Waits until the message was copied, until `timeout_ms` or until
+  // Suspend or Interrupt. Returns kAborted with finished() false when
+  // suspended (a later Wait resumes); any other return is final and
+  // repeated by later calls. After a final error no rank touches this
+  // side's buffer again.
+  virtual Error Wait(int64_t timeout_ms) = 0;
+  // Makes the wait in progress, or the next, return (resumable).
+  virtual void Suspend() = 0;
+  // Makes the wait in progress, or the next, fail for good with kAborted,
+  // unless the message was copied already. Once it returns no rank starts
+  // copying from or into this side's buffer (the peer's wait fails).
+  virtual void Interrupt() = 0;
+  virtual bool finished() const = 0;
+  // After a receive's successful Wait: the size the sender sent, in bytes
+  // (the buffer holds the first min(sent, capacity) of them).
+  virtual uint64_t sent_bytes() const = 0;
+};
+
 // One group's connections. Every collective blocks until done or until
 // `timeout_ms` (kDeadlineExceeded); `tag` must be the same on every rank and
 // differ between operations that could overlap. Sizes are in bytes or
@@ -132,14 +155,22 @@ class Context {
                      std::unique_ptr<Pending>* out) = 0;
   virtual Error Recv(void* data, size_t bytes, int peer, uint32_t slot,
                      std::unique_ptr<Pending>* out) = 0;
+  // With HostCopy() only: posts one message to / from `peer` (which may
+  // be this rank); messages between two ranks match in the order they
+  // were posted, whatever their sizes. Posting waits (until `timeout_ms`)
+  // only while 64 messages of that pair are unfinished on either side.
+  virtual Error HostSend(const void* data, size_t bytes, int peer, int64_t timeout_ms,
+                         std::unique_ptr<HostTransfer>* out) = 0;
+  virtual Error HostRecv(void* data, size_t capacity, int peer, int64_t timeout_ms,
+                         std::unique_ptr<HostTransfer>* out) = 0;
   // Closes every connection: operations blocked in this context fail soon
   // after, here and (as "connection closed") on the peers.
   virtual void CloseConnections() = 0;
   // True when every rank of the group runs on this host and each can read
   // the others' memory (process_vm_readv; all ranks agree at connect, and
   // STRATA_GLOO_CMA=0 turns it off): collectives then copy directly
-  // between the ranks' buffers and meet on a page of shared memory.
-  // Point-to-point transfers always go through Gloo's transport.
+  // between the ranks' buffers and meet on a page of shared memory, and
+  // HostSend / HostRecv move point-to-point messages the same way.
   virtual bool HostCopy() const = 0;
 };
 

@@ -142,7 +142,10 @@ TEST(GlooThreadsTest, CollectivesMatchReferences) {
     int32_t to_next = r, from_prev = -1;
     auto rv = c.Recv(Buffer::Of(&from_prev, 1), (r + n - 1) % n);
     auto sd = c.Send(ConstBuffer(&to_next, 1, DataType::kInt32), (r + 1) % n);
-    ASSERT_TRUE(Wait(std::move(rv)).ok());
+    {
+      auto st = Wait(std::move(rv));
+      ASSERT_TRUE(st.ok()) << st;
+    }
     ASSERT_TRUE(Wait(std::move(sd)).ok());
     EXPECT_EQ(from_prev, (r + n - 1) % n);
     // empty buffers and a barrier.

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "comm/gloo/plugin/host_copy.h"
+#include "comm/gloo/plugin/host_p2p.h"
 #include "comm/gloo/plugin_api.h"
 
 namespace strata::gloo_plugin {
@@ -206,8 +207,11 @@ class GlooContext final : public Context {
  public:
   GlooContext(std::shared_ptr<MeshContext> ctx,
               std::shared_ptr<::gloo::transport::Context> transport,
-              std::unique_ptr<HostGroup> host)
-      : ctx_(std::move(ctx)), transport_(std::move(transport)), host_(std::move(host)) {}
+              std::unique_ptr<HostGroup> host, std::shared_ptr<HostP2P> p2p)
+      : ctx_(std::move(ctx)),
+        transport_(std::move(transport)),
+        host_(std::move(host)),
+        p2p_(std::move(p2p)) {}
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -226,7 +230,10 @@ class GlooContext final : public Context {
                             ::gloo::Slot::build(kHostAgreeSlotPrefix, 0), deadline);
     });
     if (!e.ok()) return e;
-    if (!std::all_of(flags.begin(), flags.end(), [](char f) { return f == 1; })) host_.reset();
+    if (!std::all_of(flags.begin(), flags.end(), [](char f) { return f == 1; })) {
+      host_.reset();
+      p2p_.reset();
+    }
     return {};
   }
 
@@ -442,8 +449,21 @@ class GlooContext final : public Context {
     });
   }
 
+  Error HostSend(const void* data, size_t bytes, int peer, int64_t timeout_ms,
+                 std::unique_ptr<HostTransfer>* out) override {
+    if (p2p_ == nullptr) return {kInternal, "send: this group does not use host copies"};
+    return p2p_->Send(data, bytes, peer, timeout_ms, out);
+  }
+
+  Error HostRecv(void* data, size_t capacity, int peer, int64_t timeout_ms,
+                 std::unique_ptr<HostTransfer>* out) override {
+    if (p2p_ == nullptr) return {kInternal, "recv: this group does not use host copies"};
+    return p2p_->Recv(data, capacity, peer, timeout_ms, out);
+  }
+
   void CloseConnections() override {
-    if (host_ != nullptr) host_->Close();  // wakes ranks waiting in a round
+    // Wakes the ranks waiting in a round or for a point-to-point message.
+    if (host_ != nullptr) host_->Close();
     static const SignalExceptionFn signal = FindSignalException();
     // tcp::Context derives from transport::Context first: same address.
     if (signal != nullptr &&
@@ -532,6 +552,7 @@ class GlooContext final : public Context {
   // Host copies (null when the group does not use them; set before the
   // context is handed out, so CloseConnections may read it from any thread).
   std::unique_ptr<HostGroup> host_;
+  std::shared_ptr<HostP2P> p2p_;  // on the same board as host_
 };
 
 // ---- connecting -------------------------------------------------------------
@@ -680,12 +701,15 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   }
   ctx->Adopt(tcp->get(), transport);
   std::unique_ptr<HostGroup> host;
+  std::shared_ptr<HostP2P> p2p;
   if (can_read_peers && board != nullptr) {
-    host = std::make_unique<HostGroup>(me, n, std::move(pids), std::move(board));
+    std::shared_ptr<HostBoard> shared = std::move(board);
+    p2p = std::make_shared<HostP2P>(me, n, pids, shared);
+    host = std::make_unique<HostGroup>(me, n, std::move(pids), std::move(shared));
   }
   const bool can_share = host != nullptr;
-  auto context =
-      std::make_unique<GlooContext>(std::move(ctx), std::move(transport), std::move(host));
+  auto context = std::make_unique<GlooContext>(std::move(ctx), std::move(transport),
+                                               std::move(host), std::move(p2p));
   // Every rank knows n, so all skip the agreement alike.
   if (n > 1 && n <= kOwnAlgorithmRanks) {
     e = context->AgreeHostCopy(can_share, options.timeout_ms);

@@ -28,8 +28,9 @@ constexpr size_t kHostReduceChunk = size_t{128} << 10;
 
 uint64_t Address(const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
-// True when process `pid` has exited (gone, or a zombie its parent has not
-// reaped yet: torchrun's agent reaps its workers only every so often).
+}  // namespace
+
+// torchrun's agent reaps its workers only every so often: a zombie counts.
 bool ProcessGone(int64_t pid) {
   if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
   char path[64];
@@ -50,8 +51,6 @@ long Futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* 
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), op, value, timeout, nullptr, 0);
 }
-
-}  // namespace
 
 const uint64_t& ProbeWord() {
   static const uint64_t word = [] {
@@ -85,6 +84,24 @@ bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes) {
   return true;
 }
 
+bool WriteRemote(int64_t pid, const void* local, uint64_t remote, size_t bytes) {
+  const char* src = static_cast<const char*>(local);
+  while (bytes > 0) {
+    iovec l{const_cast<char*>(src), bytes};
+    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
+    const ssize_t put = process_vm_writev(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      if (put == 0) errno = EFAULT;
+      return false;
+    }
+    src += put;
+    remote += static_cast<uint64_t>(put);
+    bytes -= static_cast<size_t>(put);
+  }
+  return true;
+}
+
 std::string HostBoard::Create(int n) {
   std::random_device rd;
   char name[64];
@@ -107,7 +124,7 @@ std::unique_ptr<HostBoard> HostBoard::Open(const std::string& name, int n) {
   void* base = mmap(nullptr, Bytes(n), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) return nullptr;
-  return std::unique_ptr<HostBoard>(new HostBoard(base, Bytes(n)));
+  return std::unique_ptr<HostBoard>(new HostBoard(base, Bytes(n), n));
 }
 
 void HostBoard::Unlink(const std::string& name) { shm_unlink(name.c_str()); }
@@ -115,14 +132,20 @@ void HostBoard::Unlink(const std::string& name) { shm_unlink(name.c_str()); }
 HostBoard::~HostBoard() { munmap(base_, bytes_); }
 
 HostGroup::HostGroup(int rank, int size, std::vector<int64_t> pids,
-                     std::unique_ptr<HostBoard> board)
+                     std::shared_ptr<HostBoard> board)
     : rank_(rank), size_(size), pids_(std::move(pids)), board_(std::move(board)) {}
 
 void HostGroup::Close() {
   uint32_t open = 0;
   board_->header().closed.compare_exchange_strong(open, static_cast<uint32_t>(rank_) + 1,
                                                   std::memory_order_acq_rel);
-  for (int r = 0; r < size_; ++r) Futex(board_->slot(r).round, FUTEX_WAKE, INT_MAX, nullptr);
+  for (int r = 0; r < size_; ++r) {
+    Futex(board_->slot(r).round, FUTEX_WAKE, INT_MAX, nullptr);
+    // And the ranks' point-to-point waits (host_p2p.h).
+    HostBell& bell = board_->bell(r);
+    bell.rings.fetch_add(1, std::memory_order_seq_cst);
+    Futex(bell.rings, FUTEX_WAKE, INT_MAX, nullptr);
+  }
 }
 
 // Enters the next round on the board and waits until every rank has

@@ -8,6 +8,8 @@
 // communicator's worker); Close may be called from any thread.
 #pragma once
 
+#include <time.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -80,6 +82,57 @@ class HostCopyError : public std::runtime_error {
 // Copies `bytes` at `remote` in process `pid` into `local`; false (errno
 // set) when the kernel refuses.
 bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes);
+// Copies `bytes` at `local` to `remote` in process `pid`; as ReadRemote.
+bool WriteRemote(int64_t pid, const void* local, uint64_t remote, size_t bytes);
+
+// True when process `pid` has exited (gone, or a zombie its parent has not
+// reaped yet).
+bool ProcessGone(int64_t pid);
+
+// The futex system call on a word of shared memory (not process-private).
+long Futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* timeout);
+
+// Messages in flight on one channel of host point-to-point (host_p2p.h).
+inline constexpr uint64_t kHostP2PSlots = 64;
+
+// One message of a channel: both sides' buffers, and its state word
+// (the message's number << 3 | a HostP2PState); host_p2p.h has the protocol.
+struct alignas(64) HostP2PEntry {
+  uint64_t send_addr;
+  uint64_t send_bytes;
+  uint64_t recv_addr;
+  uint64_t recv_bytes;
+  std::atomic<uint64_t> state;
+  // The number + 1 of the last message of this entry each side finished:
+  // the entry takes the next message once both moved on.
+  std::atomic<uint64_t> sender_done;
+  std::atomic<uint64_t> receiver_done;
+};
+
+enum HostP2PState : uint32_t {
+  kP2POpen = 0,  // (or a number below the message's: not yet touched)
+  kP2PSenderCopying = 1,
+  kP2PReceiverCopying = 2,
+  kP2PCopied = 3,
+  kP2PCopyFailed = 4,
+  kP2PSenderGaveUp = 5,
+  kP2PReceiverGaveUp = 6,
+};
+
+// The messages from one rank to another: the counts of messages each side
+// posted (`sends` written by the sender only, `recvs` by the receiver
+// only, each on a cache line of its own) and the entries.
+struct HostP2PChannel {
+  alignas(64) std::atomic<uint64_t> sends;
+  alignas(64) std::atomic<uint64_t> recvs;
+  HostP2PEntry entries[kHostP2PSlots];
+};
+
+// What wakes a rank waiting for point-to-point messages.
+struct alignas(64) HostBell {
+  std::atomic<uint32_t> rings;     // the futex word
+  std::atomic<uint32_t> sleepers;  // threads sleeping on it (no wake-up call without)
+};
 
 // The page of shared memory the ranks of a host-local group meet on.
 class HostBoard {
@@ -105,17 +158,34 @@ class HostBoard {
   HostBoard(const HostBoard&) = delete;
   HostBoard& operator=(const HostBoard&) = delete;
 
-  // The page is zero-filled when created, which is every field's start.
+  // The pages are zero-filled when created, which is every field's start.
+  // After the collectives' slots come each rank's bell and the n x n
+  // point-to-point channels (only the pages a job touches take memory).
   Header& header() { return *static_cast<Header*>(base_); }
   Slot& slot(int rank) {
     return reinterpret_cast<Slot*>(static_cast<char*>(base_) + sizeof(Header))[rank];
   }
+  HostBell& bell(int rank) {
+    return reinterpret_cast<HostBell*>(static_cast<char*>(base_) + BellsAt(n_))[rank];
+  }
+  HostP2PChannel& channel(int from, int to) {
+    return reinterpret_cast<HostP2PChannel*>(static_cast<char*>(base_) +
+                                             ChannelsAt(n_))[static_cast<size_t>(from) * n_ + to];
+  }
 
  private:
-  HostBoard(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
-  static size_t Bytes(int n) { return sizeof(Header) + static_cast<size_t>(n) * sizeof(Slot); }
+  HostBoard(void* base, size_t bytes, int n) : base_(base), bytes_(bytes), n_(n) {}
+  static size_t BellsAt(int n) { return sizeof(Header) + static_cast<size_t>(n) * sizeof(Slot); }
+  static size_t ChannelsAt(int n) {
+    const size_t end = BellsAt(n) + static_cast<size_t>(n) * sizeof(HostBell);
+    return (end + alignof(HostP2PChannel) - 1) / alignof(HostP2PChannel) * alignof(HostP2PChannel);
+  }
+  static size_t Bytes(int n) {
+    return ChannelsAt(n) + static_cast<size_t>(n) * static_cast<size_t>(n) * sizeof(HostP2PChannel);
+  }
   void* base_;
   size_t bytes_;
+  int n_;
 };
 
 // The collectives of one group whose ranks share a host. Each throws
@@ -123,7 +193,7 @@ class HostBoard {
 // Context, none zero.
 class HostGroup {
  public:
-  HostGroup(int rank, int size, std::vector<int64_t> pids, std::unique_ptr<HostBoard> board);
+  HostGroup(int rank, int size, std::vector<int64_t> pids, std::shared_ptr<HostBoard> board);
 
   void AllReduce(char* data, size_t count, size_t elem, const ReduceFn& fn,
                  const Deadline& deadline);
@@ -163,7 +233,7 @@ class HostGroup {
   const int rank_;
   const int size_;
   const std::vector<int64_t> pids_;  // each rank's process id
-  const std::unique_ptr<HostBoard> board_;
+  const std::shared_ptr<HostBoard> board_;
   uint32_t round_ = 0;  // the last round this rank entered
 };
 
