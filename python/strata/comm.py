@@ -135,8 +135,8 @@ class Group:
     backend = property(lambda self: self._raw.backend, doc="'mpi', 'gloo' or 'nccl'.")
     transport = property(
         lambda self: self._raw.transport,
-        doc="How collectives move data: the backend, or for gloo 'gloo, host copies' (ranks "
-        "of one host copy between each other's buffers) or 'gloo, tcp'.")
+        doc="How collectives and send/recv move data: the backend, or for gloo 'gloo, host "
+        "copies' (ranks of one host copy between each other's buffers) or 'gloo, tcp'.")
 
     def _run(self, work, async_op):
         if async_op:

@@ -147,9 +147,9 @@ class STRATA_EXPORT Communicator {
   virtual int world_rank() const = 0;
   // "mpi", "nccl" or "gloo".
   virtual absl::string_view backend() const = 0;
-  // How collectives move data, for reports: the backend's name, or for gloo
-  // "gloo, host copies" (the ranks share a host and copy between each
-  // other's buffers) or "gloo, tcp" (Gloo's transport).
+  // How collectives and send/recv move data, for reports: the backend's
+  // name, or for gloo "gloo, host copies" (the ranks share a host and copy
+  // between each other's buffers) or "gloo, tcp" (Gloo's transport).
   virtual std::string transport() const { return std::string(backend()); }
   virtual MemoryKind memory() const = 0;
   // True when a posted receive or send progresses on its own, whatever was

@@ -155,6 +155,8 @@ void HostMessage::Interrupt() {
   for (;;) {
     const uint32_t seen = p.bell();
     uint64_t state = entry.state.load(std::memory_order_acquire);
+    // A later message in the entry: this one finished long ago.
+    if (Number(state) > number_) break;
     if (!Touched(state, number_)) {
       if (entry.state.compare_exchange_strong(state, Pack(number_, GaveUp()),
                                               std::memory_order_acq_rel)) {
