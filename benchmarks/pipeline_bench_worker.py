@@ -2,8 +2,9 @@
 
 The same model (p stages of `layers` x Linear(hidden, hidden) + tanh, fp32,
 the same initial weights on every rank) is trained one step at a time by
-strata.pipeline.Schedule1F1B over strata's MPI communicator and by
-torch.distributed.pipelining.Schedule1F1B over gloo, on the same ranks,
+strata.pipeline.Schedule1F1B over strata's Gloo (--backend gloo) or MPI
+communicator and by torch.distributed.pipelining.Schedule1F1B over gloo,
+on the same ranks,
 alternating round by round so that load on the machine hits both alike.
 A step's time is that of the slowest rank (barrier, step, max over ranks);
 each case reports the median over rounds. strata's runner also reports,
@@ -129,18 +130,25 @@ def main():
     ap.add_argument("--ms", default="4,8,16")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--backend", default="mpi", choices=["mpi", "gloo"],
+                    help="strata's communicator: MPI, or Gloo through torch's TCPStore")
     ap.add_argument("--fixed-ms", type=float, default=None,
                     help="stages of fixed costs (F ms forward, 2F backward) instead of the MLP")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
-    world = strata.init(strata.Mesh(int(os.environ["OMPI_COMM_WORLD_SIZE"]),
-                                    pp=int(os.environ["OMPI_COMM_WORLD_SIZE"])), timeout=300)
-    pp = world.group("pp")
-    rank, p = pp.rank, pp.size
+    n = int(os.environ["OMPI_COMM_WORLD_SIZE"])
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = os.environ["STRATA_BENCH_PORT"]
-    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
+    # torch first: rank 0 serves the TCPStore at MASTER_ADDR:MASTER_PORT,
+    # through which strata's Gloo backend bootstraps too.
+    dist.init_process_group("gloo", rank=int(os.environ["OMPI_COMM_WORLD_RANK"]), world_size=n)
+    store = (dist.PrefixStore("strata/", dist.distributed_c10d._get_default_store())
+             if args.backend == "gloo" else None)
+    world = strata.init(strata.Mesh(n, pp=n), backend=args.backend, timeout=300, store=store)
+    assert world.rank == dist.get_rank()
+    pp = world.group("pp")
+    rank, p = pp.rank, pp.size
 
     # Two copies of this rank's stage with the same weights.
     ours = make_stage(rank, args.hidden, args.layers, args.fixed_ms)

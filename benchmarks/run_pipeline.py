@@ -9,7 +9,9 @@ ranks (pp = 4), m in {4, 8, 16} microbatches, in one run
      over the ranks) against the theoretical (p - 1) / (m + p - 1): within
      10% relative.
 
-Three runs: an MLP on 4 ranks (2 x Linear(512, 512) + tanh per stage, fp32,
+strata runs on its Gloo backend, as torch does (strata.init(backend="gloo")
+through torch's TCPStore; a fourth run repeats the 4-rank MLP with strata
+on its MPI backend, step time only, no target). Three runs: an MLP on 4 ranks (2 x Linear(512, 512) + tanh per stage, fp32,
 32 rows per microbatch), whose compute competes for the cores where ranks
 outnumber them; stages of fixed costs on 4 ranks (forward 40 ms, backward
 80 ms, sleeping), the pipeline's own behaviour where ranks outnumber free
@@ -83,13 +85,16 @@ def main():
 
     load_before = os.getloadavg()[0]
     cores = os.cpu_count()
-    models = [("MLP", run_worker(args, env, [])),
+    gloo = ["--backend", "gloo"]
+    models = [("MLP", run_worker(args, env, gloo)),
               (f"fixed costs F {args.fixed_ms:g} ms, B {2 * args.fixed_ms:g} ms",
-               run_worker(args, env, ["--fixed-ms", str(args.fixed_ms)])),
+               run_worker(args, env, gloo + ["--fixed-ms", str(args.fixed_ms)])),
               # One rank per core: the MLP's own bubble, not the cores'.
               ("MLP, 16 layers, 128 rows, one rank per core",
-               run_worker(args, env, ["--layers", "16", "--microbatch", "128"],
-                          np=min(cores, args.np)))]
+               run_worker(args, env, gloo + ["--layers", "16", "--microbatch", "128"],
+                          np=min(cores, args.np))),
+              # strata's other CPU backend, for comparison (no target).
+              ("MLP, strata over MPI", run_worker(args, env, ["--backend", "mpi"]))]
     rows = []
     for k, (name, doc) in enumerate(models):
         p = doc["ranks"]
@@ -102,6 +107,8 @@ def main():
                          "strata": c["strata_ms"],
                          "peer": "torch.distributed.pipelining Schedule1F1B (gloo)",
                          "peer_value": c["torch_ms"], "target": "<= 0.9" if k == 0 else None})
+            if k == 3:
+                continue  # the MPI run: its step time only
             rel = abs(c["bubble"] - c["theory"]) / c["theory"]
             rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}",
                          "metric": "bubble: |measured - theory| / theory", "unit": "-",
@@ -121,7 +128,11 @@ def main():
     load = f"load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after, on "
     load += f"{os.cpu_count()} cores"
     notes = (f"{mlp['ranks']} CPU ranks (pp {mlp['ranks']}), 1 torch thread per rank; strata "
-             "over its MPI backend, torch over gloo, alternating round by round in one job; "
+             "over its Gloo backend (bootstrapped through torch's TCPStore; the ranks share "
+             "this host, so send/recv copy directly between the ranks' buffers, "
+             "docs/launch.md), torch over gloo, alternating round by round in one job under "
+             "mpirun; the row 'strata over MPI' runs strata's MPI backend instead (no "
+             "target); "
              f"median over {args.rounds} rounds of the slowest rank's step. MLP: "
              f"{mlp['layers']} x Linear({mlp['hidden']}, {mlp['hidden']}) + tanh per stage, "
              f"fp32, {mlp['microbatch']} rows per microbatch. Fixed costs: each stage sleeps "
