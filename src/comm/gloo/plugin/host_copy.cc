@@ -66,40 +66,40 @@ bool HostCopyWanted() {
   return env == nullptr || std::string(env) != "0";
 }
 
-bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes) {
-  char* dst = static_cast<char*>(local);
+namespace {
+
+// process_vm_readv or process_vm_writev (same signature) over one range,
+// until all of it moved.
+using CrossMemoryFn = ssize_t (*)(pid_t, const iovec*, unsigned long, const iovec*, unsigned long,
+                                  unsigned long);
+
+bool CrossMemory(CrossMemoryFn fn, int64_t pid, char* local, uint64_t remote, size_t bytes) {
   while (bytes > 0) {
-    iovec l{dst, bytes};
+    iovec l{local, bytes};
     iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      if (got == 0) errno = EFAULT;
+    const ssize_t moved = fn(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) {
+      if (moved == 0) errno = EFAULT;
       return false;
     }
-    dst += got;
-    remote += static_cast<uint64_t>(got);
-    bytes -= static_cast<size_t>(got);
+    local += moved;
+    remote += static_cast<uint64_t>(moved);
+    bytes -= static_cast<size_t>(moved);
   }
   return true;
 }
 
+}  // namespace
+
+bool ReadRemote(int64_t pid, uint64_t remote, void* local, size_t bytes) {
+  return CrossMemory(&process_vm_readv, pid, static_cast<char*>(local), remote, bytes);
+}
+
 bool WriteRemote(int64_t pid, const void* local, uint64_t remote, size_t bytes) {
-  const char* src = static_cast<const char*>(local);
-  while (bytes > 0) {
-    iovec l{const_cast<char*>(src), bytes};
-    iovec r{reinterpret_cast<void*>(static_cast<uintptr_t>(remote)), bytes};
-    const ssize_t put = process_vm_writev(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) {
-      if (put == 0) errno = EFAULT;
-      return false;
-    }
-    src += put;
-    remote += static_cast<uint64_t>(put);
-    bytes -= static_cast<size_t>(put);
-  }
-  return true;
+  // process_vm_writev only reads the local range.
+  return CrossMemory(&process_vm_writev, pid, const_cast<char*>(static_cast<const char*>(local)),
+                     remote, bytes);
 }
 
 std::string HostBoard::Create(int n) {
