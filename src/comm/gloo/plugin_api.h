@@ -158,7 +158,7 @@ class Context {
   // With HostCopy() only: posts one message to / from `peer` (which may
   // be this rank); messages between two ranks match in the order they
   // were posted, whatever their sizes. Posting waits (until `timeout_ms`)
-  // only while 64 messages of that pair are unfinished on either side.
+  // only while 256 messages of that pair are unfinished on either side.
   virtual Error HostSend(const void* data, size_t bytes, int peer, int64_t timeout_ms,
                          std::unique_ptr<HostTransfer>* out) = 0;
   virtual Error HostRecv(void* data, size_t capacity, int peer, int64_t timeout_ms,

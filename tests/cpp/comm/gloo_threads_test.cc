@@ -643,11 +643,11 @@ TEST(GlooThreadsTest, PointToPointWaitsInShortSlicesResumeWhereTheyStopped) {
   });
 }
 
-// More sends in flight than a host channel holds (64): the later posts
+// More sends in flight than a host channel holds (256): the later posts
 // wait until the receiver posts and the sender's completer finishes the
 // oldest, and every message arrives in order, on both paths.
 TEST(GlooThreadsTest, ManySendsInFlightBeforeTheReceiverPosts) {
-  constexpr int kMessages = 150;
+  constexpr int kMessages = 400;
   OnRanks(2, [&](int r, Communicator& c) {
     std::vector<int32_t> values(kMessages);
     std::vector<std::unique_ptr<Work>> works;

@@ -75,8 +75,8 @@ int64_t MillisSince(std::chrono::steady_clock::time_point start) {
 
 // Three ranks each send 300 messages of random sizes (some empty, some
 // several MiB) to each other rank and to themselves, 48 at a time per
-// peer (each entry of a channel is used five times), finishing them in
-// random order; every message arrives whole, in order.
+// peer (past the 256th, entries take their second message), finishing
+// them in random order; every message arrives whole, in order.
 TEST(HostP2PTest, ManyMessagesArriveInOrderWithEntriesReused) {
   constexpr int n = 3, kMessages = 300, kWindow = 48;
   Ranks ranks(n);
@@ -176,7 +176,7 @@ TEST(HostP2PTest, ReceiverLearnsTheSizeSent) {
   EXPECT_TRUE(got == next);
 }
 
-// A channel holds 64 unfinished messages; the 65th post waits for the
+// A channel holds 256 unfinished messages; the 257th post waits for the
 // first to finish on both sides, and says so when its deadline passes.
 TEST(HostP2PTest, PostWaitsWhileTheChannelIsFull) {
   Ranks ranks(2);
@@ -192,7 +192,7 @@ TEST(HostP2PTest, PostWaitsWhileTheChannelIsFull) {
   EXPECT_EQ(e.code, kDeadlineExceeded);
   EXPECT_GE(MillisSince(start), 55);
   EXPECT_THAT(e.message, HasSubstr("send to rank 1"));
-  EXPECT_THAT(e.message, HasSubstr("64 messages between the two ranks were unfinished"));
+  EXPECT_THAT(e.message, HasSubstr("256 messages between the two ranks were unfinished"));
   // The receiver takes the first; once both finished it, the post goes
   // through (the failed post took no number).
   recvs.push_back(ranks.Recv(1, &w[0], sizeof(int32_t), 0));

@@ -93,7 +93,9 @@ bool ProcessGone(int64_t pid);
 long Futex(std::atomic<uint32_t>& word, int op, uint32_t value, const timespec* timeout);
 
 // Messages in flight on one channel of host point-to-point (host_p2p.h).
-inline constexpr uint64_t kHostP2PSlots = 64;
+// A pair's channel takes 16 KiB of the board (pages of shared memory are
+// only allocated where a pair exchanges messages).
+inline constexpr uint64_t kHostP2PSlots = 256;
 
 // One message of a channel: both sides' buffers, and its state word
 // (the message's number << 3 | a HostP2PState); host_p2p.h has the protocol.
