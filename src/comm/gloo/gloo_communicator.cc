@@ -572,44 +572,38 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
 // host_p2p.h); nothing is staged or chunked.
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostSend(ConstBuffer buffer, int peer,
                                                                  const OpOptions& options) {
-  auto t = std::make_shared<HostOp>();
-  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
-  return Start(
-      Kind::kPointToPoint, what, options,
-      [this, t, buffer, peer](const Step& step) {
-        std::unique_ptr<gloo_plugin::HostTransfer> m;
-        STRATA_RETURN_IF_ERROR(FromPlugin(
-            context_->HostSend(NonNull(const_cast<void*>(buffer.data)),
-                               Bytes(buffer.count, buffer.dtype), peer, step.timeout_ms, &m),
-            step.description));
-        t->Adopt(std::move(m));
-        return absl::OkStatus();
-      },
-      [t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
-        return t->Await(deadline, what);
-      },
-      [t] { t->Interrupt(); }, [t] { t->Suspend(); });
+  return StartHost(true, Buffer{const_cast<void*>(buffer.data), buffer.count, buffer.dtype}, peer,
+                   DescribeOp("send", absl::StrCat("peer ", peer), buffer), options);
 }
 
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostRecv(Buffer buffer, int peer,
                                                                  const OpOptions& options) {
+  return StartHost(false, buffer, peer, DescribeOp("recv", absl::StrCat("peer ", peer), buffer),
+                   options);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartHost(bool send, Buffer buffer,
+                                                                  int peer, const std::string& what,
+                                                                  const OpOptions& options) {
   auto t = std::make_shared<HostOp>();
-  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
+  const size_t bytes = Bytes(buffer.count, buffer.dtype);
   return Start(
       Kind::kPointToPoint, what, options,
-      [this, t, buffer, peer](const Step& step) {
+      [this, t, send, buffer, bytes, peer](const Step& step) {
         std::unique_ptr<gloo_plugin::HostTransfer> m;
+        void* data = NonNull(buffer.data);
         STRATA_RETURN_IF_ERROR(
-            FromPlugin(context_->HostRecv(NonNull(buffer.data), Bytes(buffer.count, buffer.dtype),
-                                          peer, step.timeout_ms, &m),
+            FromPlugin(send ? context_->HostSend(data, bytes, peer, step.timeout_ms, &m)
+                            : context_->HostRecv(data, bytes, peer, step.timeout_ms, &m),
                        step.description));
         t->Adopt(std::move(m));
         return absl::OkStatus();
       },
-      [t, buffer, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+      [t, send, buffer, bytes,
+       what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
         STRATA_RETURN_IF_ERROR(t->Await(deadline, what));
         const uint64_t incoming = t->message->sent_bytes();
-        if (incoming == Bytes(buffer.count, buffer.dtype)) return absl::OkStatus();
+        if (send || incoming == bytes) return absl::OkStatus();
         return SizeMismatch(what, buffer, incoming);
       },
       [t] { t->Interrupt(); }, [t] { t->Suspend(); });

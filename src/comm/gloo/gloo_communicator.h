@@ -138,6 +138,10 @@ class GlooCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<Work>> HostSend(ConstBuffer buffer, int peer,
                                                  const OpOptions& options);
   absl::StatusOr<std::unique_ptr<Work>> HostRecv(Buffer buffer, int peer, const OpOptions& options);
+  // Either of them (`send`: HostSend; the buffer is only read then).
+  absl::StatusOr<std::unique_ptr<Work>> StartHost(bool send, Buffer buffer, int peer,
+                                                  const std::string& what,
+                                                  const OpOptions& options);
   // Classifies a failure: marks the communicator failed (or revoked, when
   // the store says a peer revoked it) and returns the status to report.
   absl::Status OnError(const absl::Status& status);
