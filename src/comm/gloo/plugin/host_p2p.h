@@ -93,8 +93,6 @@ class HostP2P : public std::enable_shared_from_this<HostP2P> {
              std::unique_ptr<HostTransfer>* out);
   Error Recv(void* data, size_t capacity, int peer, int64_t timeout_ms,
              std::unique_ptr<HostTransfer>* out);
-  // Wakes this rank's waits (after the group was closed).
-  void WakeAll() { Ring(rank_); }
 
  private:
   friend class HostMessage;
