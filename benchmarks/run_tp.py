@@ -8,7 +8,11 @@ layers, and the C++ kernels under them (tp_kernels_bench), on 4 CPU ranks
   2. torch.distributed.tensor.parallel (ColwiseParallel / RowwiseParallel)
      over gloo on the same ranks and shapes. Target <= 1.0x.
 
-    python3 benchmarks/run_tp.py [--build build] [--np 4]
+    python3 benchmarks/run_tp.py [--build build] [--np 4] [--backend gloo]
+
+strata runs on its Gloo backend, as torch does (the ranks share this host,
+so its collectives copy directly between the ranks' buffers); --backend mpi
+runs it on Open MPI instead.
 
 GPU rows (overlap < 1.0x, bf16 layer throughput >= 0.9x torch.matmul) need
 the device machine and are reported as not measured when there is none.
@@ -42,6 +46,7 @@ def main():
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--ffn", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "mpi"])
     args = ap.parse_args()
     mpirun = os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun")
     env = dict(os.environ)
@@ -54,21 +59,27 @@ def main():
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "tp.json")
+        # The C++ benchmark's Gloo backend bootstraps through a file store.
+        env["STRATA_STORE"] = "file:" + os.path.join(tmp, "store")
         # As tests/tools/run_multirank.sh: ranks outnumber cores here, so a
         # waiting rank must give its core to one still computing (docs/mpi.md).
         cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                "--mca", "mpi_yield_when_idle", "1",
                "--mca", "threads_pthreads_yield_strategy", "nanosleep",
+               # glibc keeps freed memory (no page faults in later rounds),
+               # for both libraries alike.
+               "-x", "MALLOC_MMAP_THRESHOLD_=1073741824",
+               "-x", "MALLOC_TRIM_THRESHOLD_=1073741824", "-x", "STRATA_STORE",
                "-np", str(args.np), sys.executable, os.path.join(HERE, "tp_bench_worker.py"),
                "--out", out, "--tokens", str(args.tokens), "--hidden", str(args.hidden),
-               "--ffn", str(args.ffn), "--rounds", str(args.rounds)]
+               "--ffn", str(args.ffn), "--rounds", str(args.rounds), "--backend", args.backend]
         subprocess.run(cmd, check=True, env=env, timeout=1800)
         with open(out) as f:
             doc = json.load(f)
         kernels = [mpirun] + cmd[1:cmd.index("-np") + 2] + [
             os.path.join(args.build, "benchmarks", "tp_kernels_bench"),
             "--tokens", str(args.tokens), "--hidden", str(args.hidden), "--ffn", str(args.ffn),
-            "--rounds", str(args.rounds)]
+            "--rounds", str(args.rounds), "--backend", args.backend]
         run = subprocess.run(kernels, check=True, env=env, timeout=1800, capture_output=True,
                              text=True)
         cpp = json.loads(run.stdout.strip().splitlines()[-1])
@@ -95,6 +106,14 @@ def main():
     shape = (f"{doc['ranks']} CPU ranks (tp {doc['ranks']}), {doc['tokens']} tokens "
              f"(seq {doc['tokens'] // 4} x batch 4), hidden {doc['hidden']}, ffn {doc['ffn']}, "
              "fp32, 1 torch thread per rank; median over rounds of the slowest rank. "
+             f"strata on its {'Gloo' if args.backend == 'gloo' else 'MPI'} backend"
+             + (" (bootstrapped through torch's TCPStore, the C++ benchmark through a file "
+                "store; the ranks share this host, so collectives copy directly between "
+                "their buffers), torch over gloo. " if args.backend == "gloo" else
+                ", torch over gloo. ") +
+             "torch TP's time includes the input gradient's reduce-scatter that DTensor "
+             "leaves running under sequence parallelism (waited for). glibc keeps freed "
+             "memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) in every process. "
              "Parts: the three local GEMMs with torch, the layer's collectives with strata, "
              "each alone. One thread, no communication: the Python layer costs 1.03x its "
              "GEMMs. ")
@@ -106,8 +125,10 @@ def main():
                   "one rank per core as well (benchmarks/run_tp.py --np 2, section tp_np2).")
     else:
         shape += "One rank per core."
-    name = "tp" if args.np == 4 else f"tp_np{args.np}"
-    cmdline = "python3 benchmarks/run_tp.py" + ("" if args.np == 4 else f" --np {args.np}")
+    name = ("tp" if args.np == 4 else f"tp_np{args.np}") + (
+        "" if args.backend == "gloo" else f"_{args.backend}")
+    cmdline = "python3 benchmarks/run_tp.py" + ("" if args.np == 4 else f" --np {args.np}") + (
+        "" if args.backend == "gloo" else f" --backend {args.backend}")
     path = bench_util.write_results(name, cmdline, rows, notes=shape)
     for row in rows:
         print(f"{row['case']:55s} {row['metric']:40s} {bench_util._fmt(row['strata']):>8s} "

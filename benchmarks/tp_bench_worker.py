@@ -6,6 +6,8 @@ rounds so that the noise of a shared machine hits every figure alike:
   gemm    the same three local GEMMs (forward, input gradient, weight
           gradient) with torch alone;
   comm    the layer's collectives alone (strata, same sizes);
+strata runs on its Gloo backend (bootstrapped through torch's TCPStore), or
+on MPI with --backend mpi;
   torch   the same layer built with torch.distributed.tensor.parallel
           (ColwiseParallel / RowwiseParallel) over gloo, forward + backward.
 Each figure is the median over rounds of the slowest rank's time per
@@ -34,6 +36,8 @@ def parse():
     ap.add_argument("--ffn", type=int, default=2048)
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=21)
+    ap.add_argument("--backend", default="gloo", choices=["mpi", "gloo"],
+                    help="strata's communicator: Gloo through torch's TCPStore, or MPI")
     return ap.parse_args()
 
 
@@ -41,11 +45,17 @@ def main():
     args = parse()
     torch.set_num_threads(1)
     env = strata.launch_env()
-    world = strata.init(strata.Mesh(env.world_size, tp=env.world_size))
-    tp = world.group("tp")
-    n, r = tp.size, tp.rank
+    # torch first: rank 0 serves the TCPStore through which strata's Gloo
+    # backend bootstraps too.
     dist.init_process_group("gloo", rank=env.rank, world_size=env.world_size,
                             init_method=f"tcp://127.0.0.1:{os.environ['STRATA_BENCH_PORT']}")
+    store = (dist.PrefixStore("strata/", dist.distributed_c10d._get_default_store())
+             if args.backend == "gloo" else None)
+    world = strata.init(strata.Mesh(env.world_size, tp=env.world_size), backend=args.backend,
+                        timeout=300, store=store)
+    tp = world.group("tp")
+    n, r = tp.size, tp.rank
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -70,7 +80,13 @@ def main():
     def rand(*shape):
         return torch.randn(*shape)
 
-    cases = []
+    def finish(tx):
+        # DTensor leaves the input gradient's reduce-scatter (sequence
+        # parallelism) running as an AsyncCollectiveTensor; wait for it, so
+        # that torch's time includes it and it does not run into the next
+        # measurement.
+        if isinstance(tx.grad, AsyncCollectiveTensor):
+            tx.grad = tx.grad.wait()
 
     def column_case(sp):
         torch.manual_seed(0)
@@ -110,6 +126,7 @@ def main():
             tx.grad = None
             out = tmodel(tx)
             out.backward(torch.ones_like(out))
+            finish(tx)
 
         return run_layer, run_gemm, run_comm, run_torch
 
@@ -151,6 +168,7 @@ def main():
             tx.grad = None
             out = tmodel(tx)
             out.backward(torch.ones_like(out))
+            finish(tx)
 
         return run_layer, run_gemm, run_comm, run_torch
 

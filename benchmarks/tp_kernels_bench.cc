@@ -1,10 +1,13 @@
-// The C++ tensor-parallel kernels on N ranks (tp = all of them, MPI
-// backend), run by benchmarks/run_tp.py under mpirun: for each layer case,
+// The C++ tensor-parallel kernels on N ranks (tp = all of them), run by
+// benchmarks/run_tp.py under mpirun: for each layer case,
 // forward + backward of the kernel against its three local sgemm calls
 // alone plus its collectives alone, interleaved in rounds. Rank 0 prints
 // one JSON object: {"results": [{"case", "layer_ms", "gemm_ms", "comm_ms"}]}.
 //
 //   mpirun -np 4 tp_kernels_bench [--tokens 1024] [--hidden 512] [--ffn 2048] [--rounds 21]
+//                                 [--backend gloo|mpi|auto]
+//
+// The Gloo backend bootstraps through $STRATA_STORE (e.g. file:/tmp/dir).
 #include <cblas.h>
 
 #include <algorithm>
@@ -29,6 +32,7 @@ namespace {
 struct Args {
   int64_t tokens = 1024, hidden = 512, ffn = 2048;
   int rounds = 21, iters = 2;
+  std::string backend = "auto";
 };
 
 void Check(const absl::Status& s, const char* what) {
@@ -99,7 +103,9 @@ int Main(int argc, char** argv) {
   Args a;
   for (int i = 1; i + 1 < argc; i += 2) {
     const long v = std::atol(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--tokens"))
+    if (!std::strcmp(argv[i], "--backend"))
+      a.backend = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--tokens"))
       a.tokens = v;
     else if (!std::strcmp(argv[i], "--hidden"))
       a.hidden = v;
@@ -114,7 +120,10 @@ int Main(int argc, char** argv) {
   }
   absl::StatusOr<LaunchEnv> env = LaunchEnv::Detect();
   Check(env.status(), "launch environment");
-  absl::StatusOr<std::unique_ptr<Communicator>> root = CreateRootCommunicator(*env, RootOptions{});
+  RootOptions options;
+  options.backend = a.backend;
+  options.comm.timeout = absl::Minutes(5);
+  absl::StatusOr<std::unique_ptr<Communicator>> root = CreateRootCommunicator(*env, options);
   Check(root.status(), "root communicator");
   Communicator& tp = **root;
   Bench bench(tp);
