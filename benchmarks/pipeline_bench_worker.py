@@ -60,11 +60,21 @@ class FixedCostStage(torch.nn.Module):
         return _Timed.apply(x, self.w, self.seconds)
 
 
-def make_stage(index, hidden, layers, fixed_ms=None):
+class InputGrad(torch.nn.Module):
+    """Makes the stage's input a leaf that needs its gradient, so that the
+    first stage computes its first layer's input gradient as every other
+    stage does (a gradient of the whole batch's input instead would add a
+    full-size copy per microbatch)."""
+
+    def forward(self, x):
+        return x.detach().requires_grad_()
+
+
+def make_stage(index, hidden, layers, fixed_ms=None, input_grad=False):
     if fixed_ms is not None:
         return FixedCostStage(hidden, fixed_ms / 1e3)
     torch.manual_seed(1000 + index)
-    mods = []
+    mods = [InputGrad()] if input_grad and index == 0 else []
     for _ in range(layers):
         mods += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
     return torch.nn.Sequential(*mods)
@@ -132,6 +142,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--backend", default="mpi", choices=["mpi", "gloo"],
                     help="strata's communicator: MPI, or Gloo through torch's TCPStore")
+    ap.add_argument("--input-grad", action="store_true",
+                    help="the first stage computes its input's gradient, so that every "
+                         "stage runs the same backward")
     ap.add_argument("--fixed-ms", type=float, default=None,
                     help="stages of fixed costs (F ms forward, 2F backward) instead of the MLP")
     args = ap.parse_args()
@@ -151,8 +164,8 @@ def main():
     rank, p = pp.rank, pp.size
 
     # Two copies of this rank's stage with the same weights.
-    ours = make_stage(rank, args.hidden, args.layers, args.fixed_ms)
-    theirs = make_stage(rank, args.hidden, args.layers, args.fixed_ms)
+    ours = make_stage(rank, args.hidden, args.layers, args.fixed_ms, args.input_grad)
+    theirs = make_stage(rank, args.hidden, args.layers, args.fixed_ms, args.input_grad)
     theirs.load_state_dict(ours.state_dict())
     strata_stage = pipeline.PipelineStage(ours, rank, world)
     torch_stage = tpp.PipelineStage(theirs, rank, p, torch.device("cpu"))
@@ -192,7 +205,7 @@ def main():
                 torch_sched.step()
             return time.perf_counter() - t0
 
-        ours_t, torch_t, bubbles, sim_bubbles, spreads = [], [], [], [], []
+        ours_t, torch_t, bubbles, sim_bubbles, spreads, means = [], [], [], [], [], []
         for k in range(args.warmup + args.rounds):
             # Alternate which goes first, so neither always follows the other.
             order = (0, 1) if k % 2 == 0 else (1, 0)
@@ -220,6 +233,13 @@ def main():
                         sim_bubbles.append(replayed_bubble(ours_sched.schedule,
                                                            every.view(p, -1).tolist()))
                         spreads.append(spread.item())
+                        # Each rank's mean forward and backward (ms).
+                        fb = torch.tensor([1e3 * statistics.mean(
+                            e - b for label, b, e in stats.timings if kind in label)
+                            for kind in "FB"], dtype=torch.float64)
+                        every_fb = torch.zeros(2 * p, dtype=torch.float64)
+                        world.group().allgather(every_fb, fb)
+                        means.append(every_fb.view(p, 2).tolist())
                 else:
                     s = slowest(run_torch())
                     if k >= args.warmup:
@@ -231,6 +251,8 @@ def main():
             "bubble": statistics.median(bubbles),
             "replayed_bubble": statistics.median(sim_bubbles),
             "compute_cv": statistics.median(spreads),
+            "stage_ms": [[statistics.median(r[s][k] for r in means) for k in range(2)]
+                         for s in range(p)],
             "theory": (p - 1) / (m + p - 1),
             "peak_in_flight": ours_sched.stats.peak_in_flight,
         })

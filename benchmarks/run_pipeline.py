@@ -91,7 +91,8 @@ def main():
                run_worker(args, env, gloo + ["--fixed-ms", str(args.fixed_ms)])),
               # One rank per core: the MLP's own bubble, not the cores'.
               ("MLP, 16 layers, 128 rows, one rank per core",
-               run_worker(args, env, gloo + ["--layers", "16", "--microbatch", "128"],
+               run_worker(args, env, gloo + ["--layers", "16", "--microbatch", "128",
+                                             "--input-grad"],
                           np=min(cores, args.np))),
               # strata's other CPU backend, for comparison (no target).
               ("MLP, strata over MPI", run_worker(args, env, ["--backend", "mpi"]))]
@@ -121,6 +122,11 @@ def main():
                          "strata": abs(c["bubble"] - replay) / replay,
                          "peer": "replay of the step's measured compute, free transfers",
                          "peer_value": replay, "ratio": None, "target": None})
+            stage = [f + b for f, b in c["stage_ms"]]
+            rows.append({"case": case,
+                         "metric": "stage imbalance: slowest / fastest stage's mean F + B",
+                         "unit": "-", "strata": max(stage) / min(stage), "peer": None,
+                         "peer_value": None, "ratio": None, "target": None})
             rows.append({"case": case, "metric": "compute spread: CV of a stage's F (B) times",
                          "unit": "-", "strata": c["compute_cv"], "peer": None,
                          "peer_value": None, "ratio": None, "target": None})
@@ -144,7 +150,10 @@ def main():
              "all ranks have work), not the schedule; the fixed-cost stages (their step time "
              "is set by the sleeps, so it has no target) and the MLP with one rank per core "
              f"({models[2][1]['ranks']} ranks, {models[2][1]['layers']} layers, "
-             f"{models[2][1]['microbatch']} rows per microbatch) measure the schedule. Replay: "
+             f"{models[2][1]['microbatch']} rows per microbatch; the first stage's input "
+             "is made a leaf that needs its gradient, so that every stage runs the same backward, as the theory "
+             "assumes: without it the first stage skips its first layer's input gradient and "
+             "the faster stage idles every microbatch; both libraries run the same model) measure the schedule. Replay: "
              "the same step's measured compute durations replayed through the schedule with "
              "free transfers and no runner overhead (so |measured - replay| is what the runner "
              "and the transfers add; |replay - theory| is what uneven and varying compute "
