@@ -14,8 +14,9 @@ strata runs on its Gloo backend, as torch does (the ranks share this host,
 so its collectives copy directly between the ranks' buffers); --backend mpi
 runs it on Open MPI instead.
 
-GPU rows (overlap < 1.0x, bf16 layer throughput >= 0.9x torch.matmul) need
-the device machine and are reported as not measured when there is none.
+GPU rows (overlap < 1.0x, bf16 layer throughput >= 0.9x torch.matmul) are
+benchmarks/run_tp_gpu.py's (section tp_gpu), on a machine with a GPU; here
+they are listed as not measured.
 """
 
 import argparse
@@ -99,7 +100,8 @@ def main():
                      "peer_value": c["gemm_ms"] + c["comm_ms"], "target": "<= 1.10"})
     for case in ("column/row-parallel backward with overlap (GPU)",
                  "bf16 column/row layer throughput vs torch.matmul (GPU)"):
-        rows.append({"case": case, "metric": "not measured: no GPU machine this session",
+        rows.append({"case": case,
+                     "metric": "not measured here: no GPU (benchmarks/run_tp_gpu.py)",
                      "unit": "-", "strata": None, "peer": None, "peer_value": None,
                      "target": "< 1.0" if "overlap" in case else ">= 0.9"})
     cores = os.cpu_count()
