@@ -96,6 +96,15 @@ def write_results(bench, command, rows, notes=None):
     return path
 
 
+def print_rows(rows, path, case_width=55, metric_width=40):
+    """The rows as one line each, then where they were written."""
+    for row in rows:
+        print(f"{row['case']:{case_width}s} {row['metric']:{metric_width}s} "
+              f"{_fmt(row['strata']):>8s} vs {_fmt(row.get('peer_value')):>8s}  ratio "
+              f"{_fmt(row.get('ratio'))}  met {row.get('met')}")
+    print("wrote", path)
+
+
 def _fmt(v):
     if v is None:
         return "-"

@@ -166,11 +166,7 @@ def main():
              f"MALLOC_TRIM_THRESHOLD_) in every process, both libraries alike. This run: {load}.")
     path = bench_util.write_results("pipeline", "python3 benchmarks/run_pipeline.py", rows,
                                     notes=notes)
-    for row in rows:
-        print(f"{row['case']:55s} {row['metric']:38s} {bench_util._fmt(row['strata']):>8s} "
-              f"vs {bench_util._fmt(row.get('peer_value')):>8s}  ratio "
-              f"{bench_util._fmt(row.get('ratio'))}  met {row['met']}")
-    print("wrote", path)
+    bench_util.print_rows(rows, path, metric_width=38)
 
 
 if __name__ == "__main__":

@@ -132,11 +132,7 @@ def main():
     cmdline = "python3 benchmarks/run_tp.py" + ("" if args.np == 4 else f" --np {args.np}") + (
         "" if args.backend == "gloo" else f" --backend {args.backend}")
     path = bench_util.write_results(name, cmdline, rows, notes=shape)
-    for row in rows:
-        print(f"{row['case']:55s} {row['metric']:40s} {bench_util._fmt(row['strata']):>8s} "
-              f"vs {bench_util._fmt(row.get('peer_value')):>8s}  ratio "
-              f"{bench_util._fmt(row.get('ratio'))}")
-    print("wrote", path)
+    bench_util.print_rows(rows, path)
 
 
 if __name__ == "__main__":

@@ -143,11 +143,7 @@ def main():
              "fp32 main-gradient buffer (and sums the bias gradient), which the peer does not.")
     path = bench_util.write_results("tp_gpu", "python3 benchmarks/run_tp_gpu.py", rows,
                                     notes=notes)
-    for row in rows:
-        print(f"{row['case']:70s} {row['metric']:40s} {bench_util._fmt(row['strata']):>8s} vs "
-              f"{bench_util._fmt(row.get('peer_value')):>8s}  ratio "
-              f"{bench_util._fmt(row.get('ratio'))}")
-    print("wrote", path)
+    bench_util.print_rows(rows, path, case_width=70)
 
 
 if __name__ == "__main__":
