@@ -11,15 +11,18 @@ ranks (pp = 4), m in {4, 8, 16} microbatches, in one run
 
 strata runs on its Gloo backend, as torch does (strata.init(backend="gloo")
 through torch's TCPStore; a fourth run repeats the 4-rank MLP with strata
-on its MPI backend, step time only, no target). Three runs: an MLP on 4 ranks (2 x Linear(512, 512) + tanh per stage, fp32,
-32 rows per microbatch), whose compute competes for the cores where ranks
-outnumber them; stages of fixed costs on 4 ranks (forward 40 ms, backward
-80 ms, sleeping), the pipeline's own behaviour where ranks outnumber free
-cores; and the MLP with one rank per core (16 layers per stage, 128 rows
-per microbatch). The step-time target applies to the 4-rank MLP; the bubble
-target to all three. Each bubble is also compared with a replay of the same
-step's measured compute durations through the schedule with free transfers
-(what the runner and the transfers add).
+on its MPI backend, step time only, no target). Three runs: an MLP on 4
+ranks (2 x Linear(512, 512) + tanh per stage, fp32, 32 rows per
+microbatch), whose compute competes for the cores where ranks outnumber
+them; stages of fixed costs on 4 ranks (forward 40 ms, backward 80 ms,
+sleeping), the pipeline's own behaviour where ranks outnumber free cores;
+and the MLP with one rank per core (16 layers per stage, 128 rows per
+microbatch, the first stage computing its input's gradient so that the
+stages are equal, as the theory assumes). The step-time target applies to
+the 4-rank MLP; the bubble target to all three. Each bubble is also
+compared with a replay of the same step's measured compute durations
+through the schedule with free transfers (what the runner and the
+transfers add).
 
     python3 benchmarks/run_pipeline.py [--build build] [--np 4] [--rounds 9]
 """
@@ -151,9 +154,10 @@ def main():
              "is set by the sleeps, so it has no target) and the MLP with one rank per core "
              f"({models[2][1]['ranks']} ranks, {models[2][1]['layers']} layers, "
              f"{models[2][1]['microbatch']} rows per microbatch; the first stage's input "
-             "is made a leaf that needs its gradient, so that every stage runs the same backward, as the theory "
-             "assumes: without it the first stage skips its first layer's input gradient and "
-             "the faster stage idles every microbatch; both libraries run the same model) measure the schedule. Replay: "
+             "is made a leaf that needs its gradient, so that every stage runs the same "
+             "backward, as the theory assumes: without it the first stage skips its first "
+             "layer's input gradient and the faster stage idles every microbatch; both "
+             "libraries run the same model) measure the schedule. Replay: "
              "the same step's measured compute durations replayed through the schedule with "
              "free transfers and no runner overhead (so |measured - replay| is what the runner "
              "and the transfers add; |replay - theory| is what uneven and varying compute "

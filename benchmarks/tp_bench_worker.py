@@ -6,10 +6,10 @@ rounds so that the noise of a shared machine hits every figure alike:
   gemm    the same three local GEMMs (forward, input gradient, weight
           gradient) with torch alone;
   comm    the layer's collectives alone (strata, same sizes);
-strata runs on its Gloo backend (bootstrapped through torch's TCPStore), or
-on MPI with --backend mpi;
   torch   the same layer built with torch.distributed.tensor.parallel
           (ColwiseParallel / RowwiseParallel) over gloo, forward + backward.
+strata runs on its Gloo backend (bootstrapped through torch's TCPStore), or
+on MPI with --backend mpi.
 Each figure is the median over rounds of the slowest rank's time per
 iteration. Rank 0 writes them as JSON to --out.
 """
