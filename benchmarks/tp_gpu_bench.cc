@@ -47,13 +47,6 @@ struct Args {
   int iters = 20, rounds = 9;
 };
 
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "tp_gpu_bench: %s: %s\n", what, std::string(s.message()).c_str());
-    std::exit(1);
-  }
-}
-
 int ParseArgs(int argc, char** argv, Args* a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -91,6 +84,13 @@ int ParseArgs(int argc, char** argv, Args* a) {
 }
 
 #if STRATA_HAVE_CUDA
+
+void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "tp_gpu_bench: %s: %s\n", what, std::string(s.message()).c_str());
+    std::exit(1);
+  }
+}
 
 void CheckCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
