@@ -213,6 +213,47 @@ TEST(HostP2PTest, PostWaitsWhileTheChannelIsFull) {
   for (uint64_t i = 0; i <= kHostP2PSlots; ++i) EXPECT_EQ(w[i], static_cast<int32_t>(i));
 }
 
+// A bell rings for what its rank may wait for: the peer's post and the
+// peer's copy, not for a finish (which only a post waiting for the entry
+// needs). Waking a rank costs a system call and wakes every sleeper.
+TEST(HostP2PTest, BellsRingOnlyForWhatARankMayWaitFor) {
+  Ranks ranks(2);
+  auto rings = [&](int r) { return ranks.boards[0]->bell(r).rings.load(); };
+  const uint32_t before0 = rings(0), before1 = rings(1);
+  int32_t x = 7, y = 0;
+  auto recv = ranks.Recv(1, &y, sizeof(y), 0);  // rings rank 0
+  auto send = ranks.Send(0, &x, sizeof(x), 1);  // rings rank 1
+  ASSERT_TRUE(recv->Wait(1000).ok());           // copies, rings rank 0
+  ASSERT_TRUE(send->Wait(1000).ok());           // sees the copy: no ring
+  EXPECT_EQ(y, 7);
+  EXPECT_EQ(rings(0) - before0, 2u);
+  EXPECT_EQ(rings(1) - before1, 1u);
+}
+
+// A post waiting for a full channel's entry is rung by the finish that
+// frees it (not left to find out when its sleep runs out).
+TEST(HostP2PTest, FinishRingsForAWaitingPost) {
+  Ranks ranks(2);
+  int32_t v[kHostP2PSlots + 1] = {}, w = 0;
+  std::vector<std::unique_ptr<HostTransfer>> sends;
+  for (uint64_t i = 0; i < kHostP2PSlots; ++i) {
+    sends.push_back(ranks.Send(0, &v[i], sizeof(int32_t), 1));
+  }
+  auto first = ranks.Recv(1, &w, sizeof(w), 0);
+  ASSERT_TRUE(first->Wait(1000).ok());
+  std::unique_ptr<HostTransfer> t;
+  Error e;
+  std::thread poster([&] { e = ranks.p2p[0]->Send(&v[kHostP2PSlots], 4, 1, 5000, &t); });
+  HostP2PChannel& channel = ranks.boards[0]->channel(0, 1);
+  while (channel.post_waiters.load() == 0) std::this_thread::yield();
+  const uint32_t before = ranks.boards[0]->bell(0).rings.load();
+  ASSERT_TRUE(sends[0]->Wait(1000).ok());  // frees the entry the post waits for
+  EXPECT_GT(ranks.boards[0]->bell(0).rings.load(), before);
+  poster.join();
+  ASSERT_TRUE(e.ok()) << e.message;
+  EXPECT_EQ(channel.post_waiters.load(), 0u);
+}
+
 // Suspend makes a wait return kAborted, not finished; the next wait
 // completes the message.
 TEST(HostP2PTest, SuspendedWaitResumes) {

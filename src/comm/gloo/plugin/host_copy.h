@@ -123,10 +123,13 @@ enum HostP2PState : uint32_t {
 
 // The messages from one rank to another: the counts of messages each side
 // posted (`sends` written by the sender only, `recvs` by the receiver
-// only, each on a cache line of its own) and the entries.
+// only, each on a cache line of its own), the posts of either side waiting
+// for an entry to be finished (`post_waiters`: a finish rings the bells
+// only when there are any) and the entries.
 struct HostP2PChannel {
   alignas(64) std::atomic<uint64_t> sends;
   alignas(64) std::atomic<uint64_t> recvs;
+  alignas(64) std::atomic<uint32_t> post_waiters;
   HostP2PEntry entries[kHostP2PSlots];
 };
 

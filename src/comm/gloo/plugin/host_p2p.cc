@@ -95,13 +95,22 @@ Error HostP2P::Post(bool send, const void* data, size_t bytes, int peer, int64_t
   const uint64_t k = count.load(std::memory_order_relaxed);  // only this side writes it
   HostP2PEntry& entry = c.entries[k % kHostP2PSlots];
   if (k >= kHostP2PSlots) {
-    // The entry's previous message must be finished on both sides.
+    // The entry's previous message must be finished on both sides. This
+    // post counts itself before it reads the entry, and a finish stores
+    // its side's count before it reads the waiters (all sequentially
+    // consistent): either the finish sees the waiter and rings, or the
+    // waiter sees the finish.
     const uint64_t previous = k - kHostP2PSlots + 1;
     const Deadline deadline(timeout_ms);
+    c.post_waiters.fetch_add(1, std::memory_order_seq_cst);
+    struct Uncount {
+      std::atomic<uint32_t>& waiters;
+      ~Uncount() { waiters.fetch_sub(1, std::memory_order_seq_cst); }
+    } uncount{c.post_waiters};
     for (;;) {
       const uint32_t seen = bell();
-      if (entry.sender_done.load(std::memory_order_acquire) >= previous &&
-          entry.receiver_done.load(std::memory_order_acquire) >= previous) {
+      if (entry.sender_done.load(std::memory_order_seq_cst) >= previous &&
+          entry.receiver_done.load(std::memory_order_seq_cst) >= previous) {
         break;
       }
       Error e = Health(peer, false);
@@ -255,12 +264,16 @@ Error HostMessage::Finish(Error e) {
   HostP2PEntry& entry = p.channel(send_, peer_).entries[number_ % kHostP2PSlots];
   // The sender's size stays in the entry until this side moves on.
   if (!send_ && e.ok()) sent_bytes_ = entry.send_bytes;
-  (send_ ? entry.sender_done : entry.receiver_done).store(number_ + 1, std::memory_order_release);
+  (send_ ? entry.sender_done : entry.receiver_done).store(number_ + 1, std::memory_order_seq_cst);
   finished_ = true;
   final_ = e;
-  // A post on either side may be waiting for the entry.
-  p.Ring(peer_);
-  if (peer_ != p.rank_) p.Ring(p.rank_);
+  // A post on either side may be waiting for the entry (see Post). Only
+  // then the bells ring: a ring wakes every thread sleeping on the bell,
+  // and on a virtual machine the wake-up call alone costs microseconds.
+  if (p.channel(send_, peer_).post_waiters.load(std::memory_order_seq_cst) > 0) {
+    p.Ring(peer_);
+    if (peer_ != p.rank_) p.Ring(p.rank_);
+  }
   return e;
 }
 

@@ -26,7 +26,10 @@
 //           peer's wait then fails, naming this rank.
 // Waits sleep on the rank's bell (a futex word on the board) in slices of
 // 20 ms, checking that the peer's process still exists and that nobody
-// closed the group.
+// closed the group. A bell rings for what its rank may wait for: a post,
+// a copy done, a message abandoned, and a message finished only while a
+// post of the channel waits for its entry (a ring wakes every sleeper of
+// the rank, and the wake-up call is the costly part of a small message).
 //
 // Thread-safety: HostP2P is thread-safe. A HostMessage's Wait runs on one
 // thread at a time; Suspend and Interrupt may be called from any thread.
