@@ -99,6 +99,11 @@ struct PipelineRunner::StepState {
   // Every receive action before this index has been posted (see PostAhead).
   int posted_upto = 0;
   std::deque<PendingOp> sends;  // in issue order
+  // Activations whose backward is done, released before the next compute
+  // action: after the sends that follow the backward are posted, so that
+  // freeing the stage's tensors (a call into Python, from the bindings)
+  // does not delay the gradient on its way to the previous stage.
+  std::vector<Slot> retired;
   int in_flight = 0;
   int failed_send = -1;
   StepResult result;
@@ -182,6 +187,7 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
   const bool ahead = comm_->progresses_independently();
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
     if (IsReceive(list[k].type) && k < st.posted_upto) continue;  // posted ahead
+    if (list[k].is_compute()) st.retired.clear();
     if (ahead && list[k].is_compute()) {
       int failed = -1;
       if (absl::Status s = PostAhead(st, k, &failed); !s.ok()) {
@@ -193,6 +199,7 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
       return Fail(st, st.failed_send, std::move(s));
     }
   }
+  st.retired.clear();
   if (absl::Status s = ReapSends(st, /*wait=*/true); !s.ok()) {
     return Fail(st, st.failed_send, std::move(s));
   }
@@ -348,7 +355,8 @@ absl::Status PipelineRunner::Backward(StepState& st, const StageFunctions& fns, 
     }
   }
   if (a.type != ActionType::kBackwardInput) {
-    st.slots.erase(it);  // the activation is no longer needed
+    st.retired.push_back(std::move(it->second));  // no longer needed
+    st.slots.erase(it);
     --st.in_flight;
   }
   return absl::OkStatus();

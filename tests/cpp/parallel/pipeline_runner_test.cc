@@ -6,8 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -212,6 +214,66 @@ TEST(RunnerTest, StepsRepeatAndGradientsAccumulate) {
     for (int i = 0; i < 3; ++i) Reference(reference, i, true, 1.0 / 3);
   }
   for (int s = 0; s < 2; ++s) EXPECT_NEAR(model.da[s], reference.da[s], 1e-12);
+}
+
+// Each activation is freed after its backward and before the rank's next
+// compute action starts: no forward or backward ever runs with more alive
+// than the simulator's peak for its rank, and none is left after the step.
+TEST(RunnerTest, ActivationsAreFreedBeforeTheNextCompute) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B}) {
+    ScheduleOptions o;
+    o.kind = kind;
+    o.num_ranks = 3;
+    o.num_microbatches = 6;
+    o.virtual_stages = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
+    absl::StatusOr<Schedule> schedule = GenerateSchedule(o);
+    ASSERT_TRUE(schedule.ok()) << schedule.status();
+    TestModel model(schedule->num_stages());
+    const StageFunctions inner = TestFunctions(&model, false, false);
+    // Alive activations per rank, counted through the forward's context
+    // (which the runner drops with the activation).
+    std::vector<std::atomic<int>> alive(3);
+    std::vector<int> worst(3, 0);
+    std::mutex mu;
+    auto check = [&](int rank, int before) {
+      std::lock_guard<std::mutex> lock(mu);
+      worst[rank] = std::max(worst[rank], alive[rank].load() + before);
+    };
+    StageFunctions fns = inner;
+    fns.forward = [&](const ForwardCall& call) -> absl::StatusOr<ForwardResult> {
+      const int rank = schedule->rank_of_stage(call.stage);
+      check(rank, 1);  // this forward's activation comes on top
+      absl::StatusOr<ForwardResult> out = inner.forward(call);
+      if (!out.ok()) return out;
+      struct Counted {
+        std::shared_ptr<void> context;
+        std::atomic<int>* alive = nullptr;
+        ~Counted() {
+          if (alive != nullptr) alive->fetch_sub(1);
+        }
+      };
+      auto counted = std::make_shared<Counted>();
+      counted->context = out->context;
+      counted->alive = &alive[rank];
+      alive[rank].fetch_add(1);
+      void* inner_context = out->context.get();
+      out->context = std::shared_ptr<void>(counted, inner_context);  // shares the count
+      return out;
+    };
+    fns.backward = [&](const BackwardCall& call) -> absl::StatusOr<TensorList> {
+      check(schedule->rank_of_stage(call.stage), 0);
+      return inner.backward(call);
+    };
+    const std::vector<RankResult> results =
+        RunAll(*schedule, FakeOrdering::kMatchPosted, RunnerOptions{}, fns);
+    const std::vector<int> peak = PeakInFlight(*schedule);
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(results[r].step.ok()) << results[r].step.status();
+      EXPECT_EQ(worst[r], peak[r]) << schedule->name() << ", rank " << r;
+      EXPECT_EQ(alive[r].load(), 0) << schedule->name() << ", rank " << r;
+    }
+  }
 }
 
 TEST(RunnerTest, AStageFailureEndsEveryRanksStep) {

@@ -25,8 +25,10 @@
 //           outputs and the returned context until the backward is done.
 //   B, I    calls backward (backward_input) with the outputs' gradients
 //           (received, handed over, or none on the last stage, where
-//           loss_scale seeds the loss gradient); B frees the activation.
-//   W       calls backward_weight and frees the activation.
+//           loss_scale seeds the loss gradient); B frees the activation
+//           (before the next compute action, once the sends after the B
+//           are posted).
+//   W       calls backward_weight and frees the activation (as B).
 //   SEND_*  posts asynchronous sends and moves on; the data stays alive
 //           until they complete.
 //   RECV_*  allocates the tensors and posts asynchronous receives; the
