@@ -99,6 +99,44 @@ def compute_spread(timings):
     return statistics.mean(cvs) if cvs else 0.0
 
 
+def stage_noise(module, rows, hidden, iters, group):
+    """The spread of this stage's compute outside the pipeline: the
+    coefficient of variation of `iters` forwards (and backwards, mean of
+    the two) of one microbatch, first with each rank computing alone in
+    turn (the others wait at a barrier), then with all ranks computing at
+    once, as in 1F1B's steady state. Returns (alone, at_once), each the
+    mean over the ranks."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(rows, hidden, generator=g)
+    dy = torch.randn(rows, hidden, generator=g)
+    flag = torch.zeros(1)
+
+    def measure():
+        f, b = [], []
+        for k in range(iters + 5):  # five to warm up
+            t0 = time.perf_counter()
+            out = module(x)
+            t1 = time.perf_counter()
+            out.backward(dy)
+            t2 = time.perf_counter()
+            if k >= 5:
+                f.append(t1 - t0)
+                b.append(t2 - t1)
+        module.zero_grad()
+        return statistics.mean(statistics.pstdev(d) / statistics.mean(d) for d in (f, b))
+
+    alone = 0.0
+    for turn in range(group.size):
+        group.allreduce(flag)
+        if group.rank == turn:
+            alone = measure()
+    group.allreduce(flag)
+    at_once = measure()
+    out = torch.tensor([alone, at_once], dtype=torch.float64)
+    group.allreduce(out, op="avg")
+    return out.tolist()
+
+
 def replayed_bubble(schedule, durations):
     """The bubble this step would have had with free transfers and no
     runner overhead: every rank's F and B actions replayed in its list's
@@ -145,6 +183,9 @@ def main():
     ap.add_argument("--input-grad", action="store_true",
                     help="the first stage computes its input's gradient, so that every "
                          "stage runs the same backward")
+    ap.add_argument("--noise-iters", type=int, default=0,
+                    help="first measure the stage's compute spread alone and with all ranks "
+                         "at once over this many microbatches (0: not measured)")
     ap.add_argument("--fixed-ms", type=float, default=None,
                     help="stages of fixed costs (F ms forward, 2F backward) instead of the MLP")
     args = ap.parse_args()
@@ -171,6 +212,8 @@ def main():
     torch_stage = tpp.PipelineStage(theirs, rank, p, torch.device("cpu"))
 
     barrier_flag = torch.zeros(1)
+    noise = (stage_noise(ours, args.microbatch, args.hidden, args.noise_iters, world.group())
+             if args.noise_iters > 0 and args.fixed_ms is None else None)
 
     def slowest(seconds):
         t = torch.tensor([seconds], dtype=torch.float64)
@@ -264,6 +307,7 @@ def main():
             json.dump({"ranks": p, "hidden": args.hidden, "layers": args.layers,
                        "fixed_ms": args.fixed_ms,
                        "microbatch": args.microbatch, "rounds": args.rounds,
+                       "noise": noise,
                        "results": results}, f)
     dist.destroy_process_group()
     world.destroy()

@@ -22,7 +22,9 @@ stages are equal, as the theory assumes). The step-time target applies to
 the 4-rank MLP; the bubble target to all three. Each bubble is also
 compared with a replay of the same step's measured compute durations
 through the schedule with free transfers (what the runner and the
-transfers add).
+transfers add), and the one-rank-per-core MLP's compute spread is measured
+outside the pipeline too, each rank alone and all at once (what the
+machine adds when every core computes).
 
     python3 benchmarks/run_pipeline.py [--build build] [--np 4] [--rounds 9]
 """
@@ -95,7 +97,7 @@ def main():
               # One rank per core: the MLP's own bubble, not the cores'.
               ("MLP, 16 layers, 128 rows, one rank per core",
                run_worker(args, env, gloo + ["--layers", "16", "--microbatch", "128",
-                                             "--input-grad"],
+                                             "--input-grad", "--noise-iters", "30"],
                           np=min(cores, args.np))),
               # strata's other CPU backend, for comparison (no target).
               ("MLP, strata over MPI", run_worker(args, env, ["--backend", "mpi"]))]
@@ -133,6 +135,16 @@ def main():
             rows.append({"case": case, "metric": "compute spread: CV of a stage's F (B) times",
                          "unit": "-", "strata": c["compute_cv"], "peer": None,
                          "peer_value": None, "ratio": None, "target": None})
+        if doc.get("noise"):
+            alone, at_once = doc["noise"]
+            rows.append({"case": f"{name}, p={p}, outside the pipeline",
+                         "metric": "compute spread, each rank alone", "unit": "-",
+                         "strata": alone, "peer": None, "peer_value": None, "ratio": None,
+                         "target": None})
+            rows.append({"case": f"{name}, p={p}, outside the pipeline",
+                         "metric": "compute spread, all ranks at once", "unit": "-",
+                         "strata": at_once, "peer": None, "peer_value": None, "ratio": None,
+                         "target": None})
     mlp = models[0][1]
     load = f"load average {load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after, on "
     load += f"{os.cpu_count()} cores"
@@ -166,6 +178,9 @@ def main():
              "steady state each step waits for the slower of two ranks' operations, so a "
              "spread of s adds roughly 0.56 s of the per-microbatch time to the makespan (the "
              "expected excess of the larger of two draws), which the theory leaves out. "
+             "The same spread outside the pipeline (one microbatch's forward and backward of "
+             "a stage, 30 times, first each rank alone while the others wait, then all ranks "
+             "at once) shows how much of it the machine adds when both cores compute. "
              "glibc is told to keep freed memory (MALLOC_MMAP_THRESHOLD_, "
              f"MALLOC_TRIM_THRESHOLD_) in every process, both libraries alike. This run: {load}.")
     path = bench_util.write_results("pipeline", "python3 benchmarks/run_pipeline.py", rows,
