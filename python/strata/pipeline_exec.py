@@ -149,6 +149,11 @@ class _PipelineSchedule:
         group = stages[0].group
         if any(s.group is not group for s in stages):
             raise InvalidArgument("every stage of a schedule must use the same pipeline group")
+        if group.memory != "host":
+            raise InvalidArgument(
+                f"strata.pipeline runs over the host backends (mpi, gloo); pipeline group "
+                f"'{group.name}' uses {group.backend} ({group.memory} memory). On GPUs, the C++ "
+                "PipelineRunner runs over nccl with declared shapes (docs/pipeline.md)")
         p, r, v = group.size, group.rank, len(stages)
         kwargs = {}
         if microbatch_group_size is not None:
@@ -175,7 +180,7 @@ class _PipelineSchedule:
         self._loss_fn = loss_fn
         self._m = n_microbatches
         self._group = group
-        self._device = torch.device("cpu")  # the host backends (mpi)
+        self._device = torch.device("cpu")  # the host backends (mpi, gloo)
         self._runner = _core._Runner(self.schedule, group._raw, timeout=float(timeout),
                                      scale_grads=bool(scale_grads))
         self.stats = None

@@ -101,6 +101,15 @@ def test_stage_and_schedule_arguments_are_checked(world):
     with pytest.raises(strata.PipelineError, match="stage 0 was built for 3 stages but "
                        "1F1B p=1 m=2 has 1"):
         pipeline.Schedule1F1B(pipeline.PipelineStage(module, 0, world, num_stages=3), 2, loss_fn)
+    # The runner moves host tensors only: a group on CUDA memory is refused
+    # before anything is set up.
+    class NcclGroup:
+        name, backend, memory, rank, size, _raw = "pp", "nccl", "cuda", 0, 1, None
+    on_gpu = pipeline.PipelineStage(module, 0, NcclGroup())
+    with pytest.raises(strata.InvalidArgument,
+                       match="strata.pipeline runs over the host backends \\(mpi, gloo\\); "
+                       "pipeline group 'pp' uses nccl \\(cuda memory\\)"):
+        pipeline.Schedule1F1B(on_gpu, 2, loss_fn)
     # The generator's refusals come through as they are.
     with pytest.raises(strata.PipelineError, match="microbatch_group_size N = 5 is larger than the number of "
                        "microbatches m = 2"):

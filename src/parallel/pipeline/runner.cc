@@ -115,7 +115,9 @@ PipelineRunner::PipelineRunner(Schedule schedule, Communicator* comm, RunnerOpti
     : schedule_(std::move(schedule)),
       comm_(comm),
       options_(std::move(options)),
-      rank_(comm->rank()) {}
+      rank_(comm->rank()) {
+  op_options_.stream = options_.stream;
+}
 
 PipelineRunner::~PipelineRunner() = default;
 
@@ -144,6 +146,12 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(Schedule 
     return absl::InvalidArgumentError(absl::StrCat(
         "communicator '", comm->name(),
         "' works on device memory; set RunnerOptions::allocate to allocate device tensors"));
+  }
+  if (comm->memory() != MemoryKind::kHost && options.shapes == ShapeExchange::kPerTransfer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "communicator '", comm->name(),
+        "' works on device memory, but ShapeExchange::kPerTransfer sends each transfer's shapes "
+        "from host memory; use ShapeExchange::kDeclared with RunnerOptions::input_specs"));
   }
   ValidateOptions validate;
   validate.communication = CommActions::kRequired;
@@ -388,7 +396,8 @@ absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action&
     auto header = std::make_shared<std::vector<int64_t>>(internal::EncodeHeader(specs));
     STRATA_ASSIGN_OR_RETURN(
         std::unique_ptr<Work> w,
-        comm_->Send(ConstBuffer(header->data(), header->size(), DataType::kInt64), a.peer));
+        comm_->Send(ConstBuffer(header->data(), header->size(), DataType::kInt64), a.peer,
+                    op_options_));
     st.sends.push_back({std::move(w), std::move(header), {}, index});
     Channel& channel = st.out_channels[a.stage + 1];
     if (channel.ExpectsRepeat() && *channel.last != specs) {
@@ -399,7 +408,7 @@ absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action&
             std::unique_ptr<Work> f,
             comm_->Send(
                 ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
-                a.peer));
+                a.peer, op_options_));
         st.sends.push_back({std::move(f), nullptr, t, index});
       }
     }
@@ -409,7 +418,7 @@ absl::Status PipelineRunner::SendForward(StepState& st, int index, const Action&
     STRATA_ASSIGN_OR_RETURN(
         std::unique_ptr<Work> w,
         comm_->Send(ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
-                    a.peer));
+                    a.peer, op_options_));
     st.sends.push_back({std::move(w), nullptr, t, index});
   }
   return absl::OkStatus();
@@ -422,7 +431,7 @@ absl::Status PipelineRunner::SendBackward(StepState& st, int index, const Action
     STRATA_ASSIGN_OR_RETURN(
         std::unique_ptr<Work> w,
         comm_->Send(ConstBuffer(t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype),
-                    a.peer));
+                    a.peer, op_options_));
     st.sends.push_back({std::move(w), nullptr, t, index});
   }
   st.grads_out.erase(it);
@@ -458,8 +467,8 @@ absl::Status PipelineRunner::PostRecvs(const std::vector<TensorSpec>& specs, int
   for (StageTensor& t : *tensors) {
     STRATA_ASSIGN_OR_RETURN(
         std::unique_ptr<Work> w,
-        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype},
-                    peer));
+        comm_->Recv(Buffer{t.data, static_cast<size_t>(t.spec.num_elements()), t.spec.dtype}, peer,
+                    op_options_));
     works->push_back(std::move(w));
   }
   return absl::OkStatus();
@@ -568,8 +577,8 @@ absl::Status PipelineRunner::RecvForward(StepState& st, int index, const Action&
   STRATA_RETURN_IF_ERROR(ResolveHeader(st, a.peer));
   p.stage = a.stage;
   p.header = std::make_shared<std::vector<int64_t>>(internal::kHeaderWords);
-  STRATA_ASSIGN_OR_RETURN(p.header_work,
-                          comm_->Recv(Buffer::Of(p.header->data(), p.header->size()), a.peer));
+  STRATA_ASSIGN_OR_RETURN(p.header_work, comm_->Recv(Buffer::Of(p.header->data(), p.header->size()),
+                                                     a.peer, op_options_));
   st.unread_headers[a.peer] = cell;
   const Channel& channel = st.in_channels[a.stage];
   if (channel.ExpectsRepeat()) {

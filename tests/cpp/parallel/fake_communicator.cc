@@ -151,6 +151,8 @@ struct FakeGroup::State {
   int revoked_by = -1;
   std::vector<bool> aborted;
   int64_t matched = 0;
+  // Sends and receives posted, by the stream they were ordered on.
+  std::map<void*, int64_t> p2p_by_stream;
   // Collectives by sequence number; part r is rank r's operation (null
   // until that rank starts it).
   std::vector<int64_t> collectives_issued;
@@ -381,16 +383,24 @@ class FakeComm : public Communicator {
   }
 
   absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
-                                             const OpOptions&) override {
+                                             const OpOptions& options) override {
+    CountStream(options);
     return Post(/*send=*/true, buffer.data, nullptr, buffer.count, buffer.dtype, peer);
   }
-  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer, const OpOptions&) override {
+  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
+                                             const OpOptions& options) override {
+    CountStream(options);
     return Post(/*send=*/false, nullptr, buffer.data, buffer.count, buffer.dtype, peer);
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int, const CommOptions&) override {
     return absl::UnimplementedError("FakeGroup has no Split");
   }
+  void CountStream(const OpOptions& options) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    ++state_->p2p_by_stream[options.stream];
+  }
+
   absl::Status Abort() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->aborted[rank_] = true;
@@ -520,6 +530,11 @@ std::unique_ptr<Communicator> FakeGroup::Comm(int rank) {
 int64_t FakeGroup::matched() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->matched;
+}
+
+std::map<void*, int64_t> FakeGroup::p2p_by_stream() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->p2p_by_stream;
 }
 
 }  // namespace strata::testing

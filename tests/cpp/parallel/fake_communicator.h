@@ -29,6 +29,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,8 @@ class FakeGroup {
 
   // Send/receive pairs completed so far.
   int64_t matched() const;
+  // Sends and receives posted so far, by OpOptions::stream.
+  std::map<void*, int64_t> p2p_by_stream() const;
 
   struct State;
 

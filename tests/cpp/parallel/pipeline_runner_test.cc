@@ -431,12 +431,61 @@ TEST(RunnerTest, CreateChecksItsArguments) {
   std::unique_ptr<Communicator> device_comm = device.Comm(0);
   EXPECT_THAT(PipelineRunner::Create(two, device_comm.get(), {}).status().message(),
               HasSubstr("communicator 'pp' works on device memory; set RunnerOptions::allocate"));
+  RunnerOptions on_device;
+  on_device.allocate = [](const TensorSpec& spec) -> absl::StatusOr<StageTensor> {
+    return StageTensor::Host(spec);
+  };
+  EXPECT_THAT(PipelineRunner::Create(two, device_comm.get(), on_device).status().message(),
+              HasSubstr("communicator 'pp' works on device memory, but ShapeExchange::kPerTransfer "
+                        "sends each transfer's shapes from host memory; use "
+                        "ShapeExchange::kDeclared"));
   absl::StatusOr<Schedule> crossed = Schedule::Parse(
       "0F0 0RECV_B0<1 0SEND_F0>1 0B0\n"
       "1RECV_F0<0 1F0 1B0 1SEND_B0>0\n");
   ASSERT_TRUE(crossed.ok());
   EXPECT_THAT(PipelineRunner::Create(*crossed, comm.get(), {}).status().message(),
               HasSubstr("deadlock"));
+}
+
+// On a device communicator (declared shapes, tensors from `allocate`)
+// every send and receive is ordered on RunnerOptions::stream, the stream
+// the stage functions compute on; the step equals the plain loop.
+TEST(RunnerTest, DeviceTransfersAreOrderedOnTheStagesStream) {
+  const Schedule schedule = OneForwardOneBackward(2, 3);
+  FakeGroup group(2, FakeOrdering::kInOrder, "pp", MemoryKind::kCuda);
+  RunnerOptions options;
+  options.shapes = ShapeExchange::kDeclared;
+  options.input_specs = [](int, int microbatch) -> absl::StatusOr<std::vector<TensorSpec>> {
+    const int n = Length(microbatch, false);
+    return std::vector<TensorSpec>{{DataType::kFloat64, {n}}, {DataType::kFloat64, {1, n}}};
+  };
+  options.allocate = [](const TensorSpec& spec) -> absl::StatusOr<StageTensor> {
+    return StageTensor::Host(spec);  // stands in for device memory
+  };
+  int compute_stream = 0;
+  options.stream = &compute_stream;
+  TestModel model(2), reference(2);
+  const StageFunctions fns = TestFunctions(&model, false, false);
+  std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Communicator> comm = group.Comm(r);
+      absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
+          PipelineRunner::Create(schedule, comm.get(), options);
+      results[r] = runner.ok() ? (*runner)->Step(fns) : runner.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
+  const std::map<void*, int64_t> streams = group.p2p_by_stream();
+  ASSERT_EQ(streams.size(), 1u);
+  EXPECT_EQ(streams.begin()->first, &compute_stream);
+  EXPECT_EQ(streams.begin()->second, 2 * 3 * 2 * 2);  // 3 microbatches, 2 tensors, F and B
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NEAR(results[1]->losses[i], Reference(reference, i, false, 1.0 / 3), 1e-12);
+  }
+  for (int s = 0; s < 2; ++s) EXPECT_NEAR(model.da[s], reference.da[s], 1e-12);
 }
 
 // Runs p=2, m=1 1F1B where stage 0 returns `outputs`, and returns rank 0's

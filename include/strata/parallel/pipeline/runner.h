@@ -196,6 +196,14 @@ struct STRATA_EXPORT RunnerOptions {
   std::function<absl::StatusOr<StageTensor>(const TensorSpec&)> allocate;
   GradScaling grad_scaling = GradScaling::kMean;
   OnFailure on_failure = OnFailure::kRevoke;
+  // Device communicators: the cudaStream_t the stage functions compute on
+  // (cudaStreamLegacy or cudaStreamPerThread for the default stream). Every
+  // send and receive is ordered on it, so a send starts after the forward
+  // (or backward) that produced its tensors, and a stage function's work
+  // on it starts after the receives it reads. Null: the communicator's own
+  // stream, which is not ordered with the stage functions' work, so they
+  // must synchronize before they return. Host communicators ignore it.
+  void* stream = nullptr;
 };
 
 // When one compute action ran, in seconds from the step's start.
@@ -267,6 +275,7 @@ class STRATA_EXPORT PipelineRunner {
   Schedule schedule_;
   Communicator* comm_;
   RunnerOptions options_;
+  OpOptions op_options_;  // every send and receive (RunnerOptions::stream)
   int rank_;
   // Operations (and the buffers they use) still pending after a failed step
   // could not be drained; kept until the runner is destroyed.
