@@ -137,6 +137,38 @@ def stage_noise(module, rows, hidden, iters, group):
     return out.tolist()
 
 
+def transfer_latency(schedule, spans):
+    """The median time from the end of a compute action to the start of the
+    one on another rank that was waiting for its output (its activation or
+    gradient): what a transfer on the critical path costs, runner and
+    transport together. spans[r]: rank r's compute actions in order, as
+    (start, end) on the shared wall clock. None when no rank waited."""
+    p = schedule.num_ranks
+    last_stage = schedule.num_stages - 1
+    where = {}
+    lists = []
+    for r in range(p):
+        acts = [_COMPUTE.fullmatch(t).groups() for t in schedule.actions(r)
+                if _COMPUTE.fullmatch(t)]
+        lists.append(acts)
+        for j, (stage, kind, mb) in enumerate(acts):
+            where[(kind, int(stage), int(mb))] = (r, j)
+    waits = []
+    for r in range(p):
+        for j, (stage, kind, mb) in enumerate(lists[r]):
+            stage, mb = int(stage), int(mb)
+            dep = ((kind, stage - 1, mb) if kind == "F" and stage > 0 else
+                   ("B", stage + 1, mb) if kind == "B" and stage < last_stage else None)
+            if dep is None or where[dep][0] == r:
+                continue
+            pr, pj = where[dep]
+            produced = spans[pr][pj][1]
+            free = spans[r][j - 1][1] if j > 0 else float("-inf")
+            if produced > free:  # this rank was waiting for the data
+                waits.append(spans[r][j][0] - produced)
+    return statistics.median(waits) if waits else None
+
+
 def replayed_bubble(schedule, durations):
     """The bubble this step would have had with free transfers and no
     runner overhead: every rank's F and B actions replayed in its list's
@@ -249,6 +281,7 @@ def main():
             return time.perf_counter() - t0
 
         ours_t, torch_t, bubbles, sim_bubbles, spreads, means = [], [], [], [], [], []
+        latencies = []
         for k in range(args.warmup + args.rounds):
             # Alternate which goes first, so neither always follows the other.
             order = (0, 1) if k % 2 == 0 else (1, 0)
@@ -270,12 +303,21 @@ def main():
                     world.group().allreduce(spread, op="avg")
                     every = torch.zeros(p * mine.numel(), dtype=torch.float64)
                     world.group().allgather(every, mine)
+                    # ... and when they ran, on the host's wall clock.
+                    spans = torch.tensor([[stats.start_time + b, stats.start_time + e]
+                                          for _, b, e in stats.timings], dtype=torch.float64)
+                    every_span = torch.zeros(p * spans.numel(), dtype=torch.float64)
+                    world.group().allgather(every_span, spans.flatten())
                     if k >= args.warmup:
                         ours_t.append(s)
                         bubbles.append(1.0 - busy.item() / makespan)
                         sim_bubbles.append(replayed_bubble(ours_sched.schedule,
                                                            every.view(p, -1).tolist()))
                         spreads.append(spread.item())
+                        latency = transfer_latency(ours_sched.schedule,
+                                                   every_span.view(p, -1, 2).tolist())
+                        if latency is not None:
+                            latencies.append(latency)
                         # Each rank's mean forward and backward (ms).
                         fb = torch.tensor([1e3 * statistics.mean(
                             e - b for label, b, e in stats.timings if kind in label)
@@ -294,6 +336,7 @@ def main():
             "bubble": statistics.median(bubbles),
             "replayed_bubble": statistics.median(sim_bubbles),
             "compute_cv": statistics.median(spreads),
+            "transfer_us": 1e6 * statistics.median(latencies) if latencies else None,
             "stage_ms": [[statistics.median(r[s][k] for r in means) for k in range(2)]
                          for s in range(p)],
             "theory": (p - 1) / (m + p - 1),

@@ -132,6 +132,11 @@ def main():
                          "metric": "stage imbalance: slowest / fastest stage's mean F + B",
                          "unit": "-", "strata": max(stage) / min(stage), "peer": None,
                          "peer_value": None, "ratio": None, "target": None})
+            if c.get("transfer_us") is not None:
+                rows.append({"case": case,
+                             "metric": "transfer on the critical path (median)", "unit": "us",
+                             "strata": c["transfer_us"], "peer": None, "peer_value": None,
+                             "ratio": None, "target": None})
             rows.append({"case": case, "metric": "compute spread: CV of a stage's F (B) times",
                          "unit": "-", "strata": c["compute_cv"], "peer": None,
                          "peer_value": None, "ratio": None, "target": None})
@@ -178,6 +183,10 @@ def main():
              "steady state each step waits for the slower of two ranks' operations, so a "
              "spread of s adds roughly 0.56 s of the per-microbatch time to the makespan (the "
              "expected excess of the larger of two draws), which the theory leaves out. "
+             "Transfer on the critical path: the median time from the end of a rank's "
+             "forward (backward) to the start of the next stage's forward (the previous "
+             "stage's backward) where that rank was waiting for it, on the host's wall clock "
+             "(StepStats.start_time): the runner's and the transport's cost per transfer. "
              "The same spread outside the pipeline (one microbatch's forward and backward of "
              "a stage, 30 times, first each rank alone while the others wait, then all ranks "
              "at once) shows how much of it the machine adds when both cores compute. "

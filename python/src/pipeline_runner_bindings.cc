@@ -244,6 +244,11 @@ Registration reg(kOrderWorld + 1, [](py::module_& top) {
                     "Per microbatch, on the rank of the last stage; empty elsewhere.")
       .def_readonly("peak_in_flight", &StepResult::peak_in_flight,
                     "The most activations this rank held at once.")
+      .def_property_readonly(
+          "start_time",
+          [](const StepResult& r) { return absl::ToDoubleSeconds(r.start - absl::UnixEpoch()); },
+          "When the step started, in seconds since the Unix epoch (time.time()'s clock): "
+          "add it to `timings` to put the ranks of one host on one timeline.")
       .def_readonly("step_seconds", &StepResult::step_seconds)
       .def_readonly("busy_seconds", &StepResult::busy_seconds,
                     "Time spent in the stage's forward and backward.")

@@ -4,6 +4,8 @@ results against the unpipelined reference computed here, step statistics,
 and every misuse with the error it raises. The multi-rank behaviour is in
 mr_pipeline*.py."""
 
+import time
+
 import pytest
 import torch
 
@@ -36,8 +38,10 @@ def test_one_rank_equals_unpipelined(world, kind, v, m):
     else:
         schedule = pipeline.ScheduleInterleaved1F1B(stages, m, loss_fn)
     inputs, targets = make_batch(11)
+    before = time.time()
     with torch.no_grad():  # the schedule turns autograd on for its stages
         losses = schedule.step(inputs, targets)
+    after = time.time()
     want = reference_step(reference, inputs, targets, m)
     assert len(losses) == m
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(losses, want))
@@ -48,6 +52,9 @@ def test_one_rank_equals_unpipelined(world, kind, v, m):
     assert len(stats.timings) == 2 * m * v
     assert [t[0] for t in stats.timings] == [a for a in schedule.schedule.actions(0)]
     assert 0 <= stats.busy_seconds <= stats.step_seconds
+    # The wall-clock start puts the ranks' timings on one timeline.
+    assert before <= stats.start_time <= stats.start_time + stats.step_seconds <= after
+    assert all(0 <= start <= end <= stats.step_seconds for _, start, end in stats.timings)
     assert stats.bubble_fraction == pytest.approx(1 - stats.busy_seconds / stats.step_seconds)
     assert list(stats.losses) == [l.item() for l in losses]
 

@@ -215,6 +215,7 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
   STRATA_CHECK(
       st.slots.empty() && st.forward_recvs.empty() && st.grad_recvs.empty() && st.grads_out.empty(),
       "pipeline step ended with state left on rank ", rank_);
+  st.result.start = st.start;
   st.result.step_seconds = Seconds(st.start, absl::Now());
   return std::move(st.result);
 }

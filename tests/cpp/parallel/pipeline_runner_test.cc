@@ -101,8 +101,10 @@ TEST_P(RunnerTest, MatchesThePlainLoop) {
     return std::vector<TensorSpec>{{DataType::kFloat64, {n}}, {DataType::kFloat64, {1, n}}};
   };
   TestModel model(schedule->num_stages()), reference(schedule->num_stages());
+  const absl::Time before = absl::Now();
   const std::vector<RankResult> results =
       RunAll(*schedule, c.ordering, options, TestFunctions(&model, variable, false));
+  const absl::Time after = absl::Now();
 
   const std::vector<int> peak = PeakInFlight(*schedule);
   const int last_rank = schedule->rank_of_stage(schedule->num_stages() - 1);
@@ -113,6 +115,14 @@ TEST_P(RunnerTest, MatchesThePlainLoop) {
     size_t computes = 0;
     for (const Action& a : schedule->actions(r)) computes += a.is_compute();
     EXPECT_EQ(step.timings.size(), computes);
+    // The wall-clock start puts every rank's timings on one timeline.
+    EXPECT_GE(step.start, before);
+    EXPECT_LE(step.start + absl::Seconds(step.step_seconds), after);
+    for (const ComputeTiming& t : step.timings) {
+      EXPECT_LE(0.0, t.start);
+      EXPECT_LE(t.start, t.end);
+      EXPECT_LE(t.end, step.step_seconds);
+    }
     EXPECT_EQ(step.losses.size(), r == last_rank ? static_cast<size_t>(c.m) : 0u);
   }
   for (int i = 0; i < c.m; ++i) {

@@ -219,6 +219,9 @@ struct STRATA_EXPORT StepResult {
   // The most activations this rank held at once (compare PeakInFlight).
   int peak_in_flight = 0;
   std::vector<ComputeTiming> timings;
+  // When the step started (the wall clock: the same on every rank of a
+  // host, so that the ranks' timings can be laid on one timeline).
+  absl::Time start;
   double step_seconds = 0;
   // Time spent in stage functions.
   double busy_seconds = 0;
