@@ -99,6 +99,27 @@ def compute_spread(timings):
     return statistics.mean(cvs) if cvs else 0.0
 
 
+def compute_lists(schedule):
+    """Each rank's compute actions in its list's order, as (kind, stage,
+    microbatch), with what each waits for: [(action, dependency)] per rank,
+    the dependency being the action whose output it reads (F(s, i) reads
+    F(s-1, i)'s, B(s, i) reads B(s+1, i)'s) or None."""
+    last_stage = schedule.num_stages - 1
+    lists = []
+    for r in range(schedule.num_ranks):
+        acts = []
+        for token in schedule.actions(r):
+            match = _COMPUTE.fullmatch(token)
+            if not match:
+                continue
+            stage, kind, mb = int(match.group(1)), match.group(2), int(match.group(3))
+            dep = (("F", stage - 1, mb) if kind == "F" and stage > 0 else
+                   ("B", stage + 1, mb) if kind == "B" and stage < last_stage else None)
+            acts.append(((kind, stage, mb), dep))
+        lists.append(acts)
+    return lists
+
+
 def stage_noise(module, rows, hidden, iters, group):
     """The spread of this stage's compute outside the pipeline: the
     coefficient of variation of `iters` forwards (and backwards, mean of
@@ -143,22 +164,12 @@ def transfer_latency(schedule, spans):
     gradient): what a transfer on the critical path costs, runner and
     transport together. spans[r]: rank r's compute actions in order, as
     (start, end) on the shared wall clock. None when no rank waited."""
-    p = schedule.num_ranks
-    last_stage = schedule.num_stages - 1
-    where = {}
-    lists = []
-    for r in range(p):
-        acts = [_COMPUTE.fullmatch(t).groups() for t in schedule.actions(r)
-                if _COMPUTE.fullmatch(t)]
-        lists.append(acts)
-        for j, (stage, kind, mb) in enumerate(acts):
-            where[(kind, int(stage), int(mb))] = (r, j)
+    lists = compute_lists(schedule)
+    where = {action: (r, j) for r, acts in enumerate(lists)
+             for j, (action, _) in enumerate(acts)}
     waits = []
-    for r in range(p):
-        for j, (stage, kind, mb) in enumerate(lists[r]):
-            stage, mb = int(stage), int(mb)
-            dep = ((kind, stage - 1, mb) if kind == "F" and stage > 0 else
-                   ("B", stage + 1, mb) if kind == "B" and stage < last_stage else None)
+    for r, acts in enumerate(lists):
+        for j, (_, dep) in enumerate(acts):
             if dep is None or where[dep][0] == r:
                 continue
             pr, pj = where[dep]
@@ -177,22 +188,17 @@ def replayed_bubble(schedule, durations):
     input is there (F(s, i) after F(s-1, i); B(s, i) after B(s+1, i)).
     Returns the mean over ranks of 1 - busy / makespan, as measured."""
     p = schedule.num_ranks
-    last_stage = schedule.num_stages - 1
-    lists = [[_COMPUTE.fullmatch(t).groups() for t in schedule.actions(r)
-              if _COMPUTE.fullmatch(t)] for r in range(p)]
+    lists = compute_lists(schedule)
     end, free, pos = {}, [0.0] * p, [0] * p
     while any(pos[r] < len(lists[r]) for r in range(p)):
         moved = False
         for r in range(p):
             while pos[r] < len(lists[r]):
-                stage, kind, mb = lists[r][pos[r]]
-                stage, mb = int(stage), int(mb)
-                dep = ((kind, stage - 1, mb) if kind == "F" and stage > 0 else
-                       ("B", stage + 1, mb) if kind == "B" and stage < last_stage else None)
+                action, dep = lists[r][pos[r]]
                 if dep is not None and dep not in end:
                     break
                 start = max(free[r], end[dep] if dep else 0.0)
-                free[r] = end[(kind, stage, mb)] = start + durations[r][pos[r]]
+                free[r] = end[action] = start + durations[r][pos[r]]
                 pos[r] += 1
                 moved = True
         if not moved:
