@@ -396,11 +396,6 @@ class FakeComm : public Communicator {
   absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int, const CommOptions&) override {
     return absl::UnimplementedError("FakeGroup has no Split");
   }
-  void CountStream(const OpOptions& options) {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    ++state_->p2p_by_stream[options.stream];
-  }
-
   absl::Status Abort() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->aborted[rank_] = true;
@@ -429,6 +424,12 @@ class FakeComm : public Communicator {
   }
 
  private:
+  // Counts a send or receive under the stream it is ordered on.
+  void CountStream(const OpOptions& options) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    ++state_->p2p_by_stream[options.stream];
+  }
+
   absl::Status Unsupported(const char* op) const {
     return absl::UnimplementedError(absl::StrCat("FakeGroup does not implement ", op));
   }

@@ -38,11 +38,10 @@ struct RankResult {
 
 // Runs one step on every rank (one thread each) and joins them. `skip`
 // names a rank that never calls Step.
-std::vector<RankResult> RunAll(const Schedule& schedule, FakeOrdering ordering,
+std::vector<RankResult> RunAll(FakeGroup& group, const Schedule& schedule,
                                const RunnerOptions& options, const StageFunctions& fns,
                                int skip = -1, int steps = 1) {
   const int p = schedule.num_ranks();
-  FakeGroup group(p, ordering);
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < p; ++r) comms.push_back(group.Comm(r));
   std::vector<RankResult> results(p);
@@ -63,6 +62,14 @@ std::vector<RankResult> RunAll(const Schedule& schedule, FakeOrdering ordering,
   }
   for (std::thread& t : threads) t.join();
   return results;
+}
+
+// The same on a fresh host-memory group of the schedule's ranks.
+std::vector<RankResult> RunAll(const Schedule& schedule, FakeOrdering ordering,
+                               const RunnerOptions& options, const StageFunctions& fns,
+                               int skip = -1, int steps = 1) {
+  FakeGroup group(schedule.num_ranks(), ordering);
+  return RunAll(group, schedule, options, fns, skip, steps);
 }
 
 struct Case {
@@ -476,24 +483,15 @@ TEST(RunnerTest, DeviceTransfersAreOrderedOnTheStagesStream) {
   options.stream = &compute_stream;
   TestModel model(2), reference(2);
   const StageFunctions fns = TestFunctions(&model, false, false);
-  std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      std::unique_ptr<Communicator> comm = group.Comm(r);
-      absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-          PipelineRunner::Create(schedule, comm.get(), options);
-      results[r] = runner.ok() ? (*runner)->Step(fns) : runner.status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) ASSERT_TRUE(results[r].ok()) << results[r].status();
+  const std::vector<RankResult> results = RunAll(group, schedule, options, fns);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(results[r].step.ok()) << results[r].step.status();
   const std::map<void*, int64_t> streams = group.p2p_by_stream();
   ASSERT_EQ(streams.size(), 1u);
   EXPECT_EQ(streams.begin()->first, &compute_stream);
-  EXPECT_EQ(streams.begin()->second, 2 * 3 * 2 * 2);  // 3 microbatches, 2 tensors, F and B
+  // 3 microbatches x (F, B) x 2 tensors x (send, receive).
+  EXPECT_EQ(streams.begin()->second, 3 * 2 * 2 * 2);
   for (int i = 0; i < 3; ++i) {
-    EXPECT_NEAR(results[1]->losses[i], Reference(reference, i, false, 1.0 / 3), 1e-12);
+    EXPECT_NEAR(results[1].step->losses[i], Reference(reference, i, false, 1.0 / 3), 1e-12);
   }
   for (int s = 0; s < 2; ++s) EXPECT_NEAR(model.da[s], reference.da[s], 1e-12);
 }
