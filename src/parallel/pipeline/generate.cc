@@ -1,7 +1,11 @@
-// The schedule generators: GPipe, 1F1B, interleaved 1F1B (see generate.h).
+// The schedule generators: GPipe, 1F1B, interleaved 1F1B, zero-bubble H1
+// (see generate.h).
 #include "strata/parallel/pipeline/generate.h"
 
 #include <algorithm>
+#include <functional>
+#include <limits>
+#include <queue>
 #include <utility>
 #include <vector>
 
@@ -84,6 +88,8 @@ std::string Name(const ScheduleOptions& o) {
       return absl::StrCat("GPipe p=", p, " m=", m);
     case ScheduleKind::k1F1B:
       return absl::StrCat("1F1B p=", p, " m=", m);
+    case ScheduleKind::kZeroBubbleH1:
+      return absl::StrCat("ZB-H1 p=", p, " m=", m);
     case ScheduleKind::kInterleaved1F1B:
       if (o.virtual_stages == 1) return absl::StrCat("interleaved 1F1B p=", p, " m=", m, " v=1");
       return absl::StrCat("interleaved 1F1B p=", p, " m=", m, " v=", o.virtual_stages,
@@ -109,6 +115,94 @@ std::vector<Action> OneForwardOneBackward(const std::vector<Action>& forwards,
   return out;
 }
 
+// Zero-bubble H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): the
+// backward split into I (input gradient) and W (weight gradient). Each rank
+// takes its forwards and input gradients in 1F1B's order, and runs a pending
+// W only when its next F or I cannot start yet (its input has not arrived),
+// or when one more forward would hold more than `limit` activations (an
+// activation lives from its F to its W). The order is found by simulating
+// every rank under `costs` with free transfers, list-scheduling style: the
+// rank that is free first decides next (a rank whose input no rank has
+// scheduled yet waits for the next F or I to be scheduled). O(p m log p).
+std::vector<std::vector<Action>> ZeroBubbleH1(int p, int m, int limit, const CostModel& costs) {
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  struct Rank {
+    std::vector<Action> main;                   // F and I in 1F1B order
+    size_t next = 0;                            // into main
+    int forwards = 0, inputs = 0, weights = 0;  // done
+    double free = 0;                            // when the rank can start its next action
+    std::vector<Action> out;
+  };
+  std::vector<Rank> ranks(p);
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action> f, b;
+    for (int i = 0; i < m; ++i) {
+      f.push_back(Action::Forward(r, i));
+      b.push_back(Action::BackwardInput(r, i));
+    }
+    ranks[r].main = OneForwardOneBackward(f, b, std::min(p - r - 1, m));
+  }
+  // End times of F (stage * m + i) and I, kNever until scheduled.
+  std::vector<double> f_end(static_cast<size_t>(p) * m, kNever), i_end(f_end);
+  auto ready = [&](int r, const Action& a) {  // when a's inputs are there
+    const size_t cell = static_cast<size_t>(r) * m + a.microbatch;
+    if (a.type == ActionType::kForward) return r == 0 ? 0.0 : f_end[cell - m];
+    return r == p - 1 ? f_end[cell] : std::max(f_end[cell], i_end[cell + m]);
+  };
+  // Ranks by when they are free (then by index); ranks waiting for an
+  // input their neighbour has not scheduled yet, taken back when it
+  // schedules its next F (for rank r + 1) or I (for rank r - 1).
+  using Entry = std::pair<double, int>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> free;
+  for (int r = 0; r < p; ++r) free.emplace(0.0, r);
+  std::vector<bool> blocked(p, false);
+  int num_blocked = 0;
+  while (!free.empty()) {
+    const auto [t, r] = free.top();
+    free.pop();
+    Rank& rk = ranks[r];
+    const Action* next = rk.next < rk.main.size() ? &rk.main[rk.next] : nullptr;
+    const bool full =
+        next != nullptr && next->type == ActionType::kForward && rk.forwards - rk.weights >= limit;
+    const double at = next == nullptr ? kNever : ready(r, *next);
+    Action chosen;
+    if (next != nullptr && !full && at <= t) {
+      chosen = *next;
+      ++rk.next;
+      const size_t cell = static_cast<size_t>(r) * m + chosen.microbatch;
+      (chosen.type == ActionType::kForward ? f_end : i_end)[cell] = t + costs.Cost(chosen);
+      ++(chosen.type == ActionType::kForward ? rk.forwards : rk.inputs);
+      // The neighbour that may wait for it: F feeds rank r + 1, I rank r - 1.
+      const int waiter = chosen.type == ActionType::kForward ? r + 1 : r - 1;
+      if (waiter >= 0 && waiter < p && blocked[waiter]) {
+        blocked[waiter] = false;
+        --num_blocked;
+        free.emplace(ranks[waiter].free, waiter);
+      }
+    } else if (rk.weights < rk.inputs) {
+      chosen = Action::BackwardWeight(r, rk.weights++);
+    } else {
+      STRATA_CHECK(!full, "zero-bubble generation: rank ", r, " is full with no W to run");
+      if (at < kNever) {
+        rk.free = at;  // idle until the input arrives
+        free.emplace(at, r);
+      } else {
+        blocked[r] = true;  // until its neighbour schedules the input
+        ++num_blocked;
+      }
+      continue;
+    }
+    rk.out.push_back(chosen);
+    rk.free = t + costs.Cost(chosen);
+    if (rk.next < rk.main.size() || rk.weights < m) free.emplace(rk.free, r);
+  }
+  STRATA_CHECK(num_blocked == 0, "zero-bubble generation stalled: ", num_blocked,
+               " ranks wait for inputs no rank produces");
+  std::vector<std::vector<Action>> out;
+  for (Rank& c : ranks) out.push_back(std::move(c.out));
+  return out;
+}
+
 }  // namespace
 
 const char* ScheduleKindName(ScheduleKind kind) {
@@ -119,6 +213,8 @@ const char* ScheduleKindName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved1F1B:
       return "interleaved-1f1b";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
   }
   return "?";
 }
@@ -130,8 +226,11 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
   if (lower == "interleaved-1f1b" || lower == "interleaved1f1b" || lower == "interleaved") {
     return ScheduleKind::kInterleaved1F1B;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown schedule kind '", name,
-                                                 "' (expected gpipe, 1f1b or interleaved-1f1b)"));
+  if (lower == "zb-h1" || lower == "zbh1" || lower == "zero-bubble" || lower == "zerobubble") {
+    return ScheduleKind::kZeroBubbleH1;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown schedule kind '", name, "' (expected gpipe, 1f1b, interleaved-1f1b or zb-h1)"));
 }
 
 absl::Status CheckScheduleOptions(const ScheduleOptions& o) {
@@ -180,7 +279,20 @@ absl::StatusOr<Schedule> GenerateComputeOrder(const ScheduleOptions& o) {
   const int p = o.num_ranks, m = o.num_microbatches, v = o.virtual_stages;
   std::vector<std::vector<Action>> ranks(p);
   std::vector<int> limit(p);
-  for (int r = 0; r < p; ++r) {
+  if (o.kind == ScheduleKind::kZeroBubbleH1) {
+    STRATA_RETURN_IF_ERROR(CheckCostModel(o.costs, p));
+    // At most 1F1B's peak (rank 0's) on every rank; the limit is what each
+    // rank's order holds (an activation lives from its F to its W).
+    ranks = ZeroBubbleH1(p, m, std::min(p, m), o.costs);
+    for (int r = 0; r < p; ++r) {
+      int held = 0;
+      for (const Action& a : ranks[r]) {
+        held += a.type == ActionType::kForward ? 1 : a.type == ActionType::kBackwardWeight ? -1 : 0;
+        limit[r] = std::max(limit[r], held);
+      }
+    }
+  }
+  for (int r = 0; r < p && o.kind != ScheduleKind::kZeroBubbleH1; ++r) {
     std::vector<Action> forwards, backwards;
     size_t warmup = 0;
     if (o.kind == ScheduleKind::kInterleaved1F1B && v > 1) {

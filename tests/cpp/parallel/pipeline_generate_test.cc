@@ -53,6 +53,31 @@ TEST(GenerateTest, OneForwardOneBackwardWithFewerMicrobatchesThanRanks) {
             "3F0 3B0 3F1 3B1\n");
 }
 
+TEST(GenerateTest, ZeroBubbleH1) {
+  // F = I = W = 1, worked by hand from generate.h: rank 0 takes F0 F1 I0 F2
+  // I1 I2 (1F1B's order) and rank 1 F0 I0 F1 I1 F2 I2, each with W's where
+  // the next F or I would wait: rank 0 at t = 4 (a third forward would hold
+  // 3 > min(p, m) = 2 activations) and t = 7 (I2 waits for rank 1), rank 1
+  // at t = 5 (F2 arrives at 6). Makespan 10 = 3m + p - 1.
+  ScheduleOptions o = Options(ScheduleKind::kZeroBubbleH1, 2, 3);
+  o.costs.backward_input = o.costs.backward_weight = 1.0;
+  EXPECT_EQ(ComputeOrder(o),
+            "0F0 0F1 0I0 0W0 0F2 0I1 0W1 0I2 0W2\n"
+            "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1W2\n");
+  absl::StatusOr<Schedule> s = GenerateSchedule(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name(), "ZB-H1 p=2 m=3");
+  EXPECT_THAT(s->activation_limit(), ElementsAre(2, 2));
+  SimulateOptions sim;
+  sim.costs = o.costs;
+  absl::StatusOr<SimulationResult> r = SimulateSchedule(*s, sim);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->makespan, 10.0);
+  // The costs are bad: refused before generating.
+  o.costs.backward_weight = 0;
+  EXPECT_FALSE(GenerateComputeOrder(o).ok());
+}
+
 TEST(GenerateTest, Interleaved) {
   // p=2, v=2, N=2: stages 0, 2 on rank 0 and 1, 3 on rank 1. Forward table
   // (mb, chunk): (0,0) (1,0) (0,1) (1,1) (2,0) (3,0) (2,1) (3,1); backwards
@@ -114,8 +139,8 @@ TEST(GenerateTest, PipelineOfTwoInterleavesWithoutAmbiguity) {
 }
 
 TEST(GenerateTest, ScheduleKindNames) {
-  for (ScheduleKind k :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B}) {
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+                         ScheduleKind::kZeroBubbleH1}) {
     absl::StatusOr<ScheduleKind> back = ParseScheduleKind(ScheduleKindName(k));
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, k);
@@ -123,10 +148,12 @@ TEST(GenerateTest, ScheduleKindNames) {
   EXPECT_EQ(*ParseScheduleKind("GPipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(*ParseScheduleKind("Interleaved"), ScheduleKind::kInterleaved1F1B);
   EXPECT_EQ(*ParseScheduleKind("interleaved1f1b"), ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(*ParseScheduleKind("Zero-Bubble"), ScheduleKind::kZeroBubbleH1);
   absl::StatusOr<ScheduleKind> bad = ParseScheduleKind("zb-v");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(),
-              HasSubstr("unknown schedule kind 'zb-v' (expected gpipe, 1f1b or interleaved-1f1b)"));
+              HasSubstr("unknown schedule kind 'zb-v' (expected gpipe, 1f1b, "
+                        "interleaved-1f1b or zb-h1)"));
 }
 
 struct Refused {
@@ -144,6 +171,8 @@ TEST(GenerateTest, RefusesOptionsWithTheReason) {
       {Options(ScheduleKind::kInterleaved1F1B, 2, 2, 0), {"virtual_stages is 0; want >= 1"}},
       {Options(ScheduleKind::k1F1B, 2, 2, 2),
        {"virtual_stages 2 needs kind interleaved-1f1b (1f1b has one stage per rank)"}},
+      {Options(ScheduleKind::kZeroBubbleH1, 2, 2, 2),
+       {"virtual_stages 2 needs kind interleaved-1f1b (zb-h1 has one stage per rank)"}},
       {Options(ScheduleKind::kGPipe, 2, 2, 1, 2),
        {"microbatch_group_size applies to interleaved-1f1b only (kind is gpipe)"}},
       {Options(ScheduleKind::kInterleaved1F1B, 2, 2, 1, 2),

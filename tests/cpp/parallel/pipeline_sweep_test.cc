@@ -1,5 +1,5 @@
 // Every generated schedule for p in 1..16, m in 1..64, v in 1..4 (where
-// interleaving accepts it) validates, simulates to the closed-form makespan
+// interleaving accepts it; ZB-H1 with v = 1) validates, simulates to the closed-form makespan
 // and bubble, keeps its activation promise and round-trips through text.
 // One test per p keeps each under a second.
 #include <gmock/gmock.h>
@@ -29,9 +29,9 @@ ScheduleOptions Options(ScheduleKind kind, int p, int m, int v = 1, int n = 0) {
 }
 
 // Generates, validates (rendezvous, with the generator's activation limit),
-// round-trips and simulates with F = 1 and B = `backward`; returns the
-// simulation.
-SimulationResult Check(const ScheduleOptions& o, double backward) {
+// round-trips and simulates under `costs` (also the generator's); returns
+// the simulation.
+SimulationResult Check(const ScheduleOptions& o, const CostModel& costs) {
   const std::string what =
       absl::StrCat(ScheduleKindName(o.kind), " p=", o.num_ranks, " m=", o.num_microbatches,
                    " v=", o.virtual_stages, " N=", o.microbatch_group_size);
@@ -40,7 +40,7 @@ SimulationResult Check(const ScheduleOptions& o, double backward) {
   if (!order.ok()) return {};
   EXPECT_TRUE(ValidateSchedule(*order).ok()) << what;
   ScheduleOptions with_costs = o;
-  with_costs.costs.backward = backward;
+  with_costs.costs = costs;
   absl::StatusOr<Schedule> s = GenerateSchedule(with_costs);
   EXPECT_TRUE(s.ok()) << what << ": " << s.status();
   if (!s.ok()) return {};
@@ -49,12 +49,19 @@ SimulationResult Check(const ScheduleOptions& o, double backward) {
   absl::StatusOr<Schedule> back = Schedule::Parse(s->ToText());
   EXPECT_TRUE(back.ok() && *back == *s) << what;
   SimulateOptions sim;
-  sim.costs.backward = backward;
+  sim.costs = costs;
   absl::StatusOr<SimulationResult> r = SimulateSchedule(*s, sim);
   EXPECT_TRUE(r.ok()) << what << ": " << r.status();
   if (!r.ok()) return {};
   EXPECT_EQ(r->peak_in_flight, s->activation_limit()) << what;
   return *r;
+}
+
+// The same with F = 1 and B = `backward`.
+SimulationResult Check(const ScheduleOptions& o, double backward) {
+  CostModel costs;
+  costs.backward = backward;
+  return Check(o, costs);
 }
 
 class SweepTest : public ::testing::TestWithParam<int> {};
@@ -100,6 +107,33 @@ TEST_P(SweepTest, Interleaved) {
         EXPECT_EQ(r.peak_in_flight[rank], std::min(warmup + 1, m * v));
       }
     }
+  }
+}
+
+TEST_P(SweepTest, ZeroBubbleH1) {
+  const int p = GetParam();
+  for (int m = 1; m <= kMaxMicrobatchesSwept; ++m) {
+    const std::string what = absl::StrCat("p=", p, " m=", m);
+    // F = I = W: with m >= p each rank idles p - 1, a third of 1F1B's
+    // 3 (p - 1) with B = I + W (makespans 3m + p - 1 and 3 (m + p - 1)).
+    CostModel equal;
+    equal.backward_input = equal.backward_weight = 1.0;
+    const SimulationResult r = Check(Options(ScheduleKind::kZeroBubbleH1, p, m), equal);
+    ASSERT_EQ(r.bubble_fraction.size(), static_cast<size_t>(p)) << what;
+    const double one_f_one_b = (m + p - 1) * 3.0;  // 1F1B with B = I + W
+    EXPECT_LE(r.makespan, one_f_one_b) << what;
+    if (m >= p) EXPECT_DOUBLE_EQ(r.makespan, 3.0 * m + p - 1) << what;
+    for (int rank = 0; rank < p; ++rank) {
+      EXPECT_DOUBLE_EQ(r.busy[rank], 3.0 * m) << what;
+      EXPECT_EQ(r.peak_in_flight[rank], std::min(p, m)) << what << " rank " << rank;
+    }
+    // Costs as measured on a GPU (I a bit dearer than F, W cheaper): still
+    // valid, within its limit, and never slower than 1F1B.
+    CostModel gpu;
+    gpu.backward_input = 1.1;
+    gpu.backward_weight = 0.9;
+    const SimulationResult g = Check(Options(ScheduleKind::kZeroBubbleH1, p, m), gpu);
+    EXPECT_LE(g.makespan, (m + p - 1) * 3.0 + 1e-9) << what;
   }
 }
 

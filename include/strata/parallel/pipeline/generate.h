@@ -1,5 +1,5 @@
-// Generating pipeline schedules: GPipe, 1F1B and interleaved 1F1B, as a
-// compute order and then with communication inserted.
+// Generating pipeline schedules: GPipe, 1F1B, interleaved 1F1B and
+// zero-bubble H1, as a compute order and then with communication inserted.
 //
 //   strata::pipeline::ScheduleOptions options;
 //   options.kind = strata::pipeline::ScheduleKind::kInterleaved1F1B;
@@ -24,6 +24,18 @@
 //           Warmup w = min(2 (p - r - 1) + (v - 1) N, m v) forwards, then
 //           1F1B. Holds at most min(w + 1, m v) activations. With v = 1 it
 //           is exactly 1F1B.
+//   ZB-H1   zero bubble, H1 (Qi et al., "Zero Bubble Pipeline Parallelism",
+//           2023): the backward split into I (input gradient, which the
+//           previous stage waits for) and W (weight gradient, which nobody
+//           waits for). F and I run in 1F1B's order; a rank runs its oldest
+//           pending W where its next F or I would wait for its input, or
+//           where another forward would hold more than min(p, m)
+//           activations (1F1B's peak, on rank 0; an activation lives until
+//           its W; the schedule's activation limit is what each rank's
+//           order holds). The order comes from simulating the ranks under
+//           `costs` (F, I, W). With equal F, I and W costs and m >= p each
+//           rank idles p - 1 (1F1B with B = I + W: 3 (p - 1)), a bubble of
+//           (p - 1) / (3 m + p - 1).
 //
 // Interleaving is refused, with the reason, where it would stall on its own
 // dependencies (a "dependency bubble"): N < p (rank 0 would need microbatch
@@ -49,11 +61,12 @@
 
 namespace strata::pipeline {
 
-enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved1F1B };
+enum class ScheduleKind : uint8_t { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1 };
 
-// "gpipe", "1f1b", "interleaved-1f1b".
+// "gpipe", "1f1b", "interleaved-1f1b", "zb-h1".
 STRATA_EXPORT const char* ScheduleKindName(ScheduleKind kind);
-// Parses the names above (any case; "interleaved" and "interleaved1f1b" too).
+// Parses the names above (any case; "interleaved" and "interleaved1f1b",
+// "zbh1" and "zero-bubble" too).
 STRATA_EXPORT absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 
 struct STRATA_EXPORT ScheduleOptions {
@@ -66,16 +79,16 @@ struct STRATA_EXPORT ScheduleOptions {
   int virtual_stages = 1;
   // N: interleaved 1F1B with v > 1 only; 0 means p.
   int microbatch_group_size = 0;
-  // Costs the inserted communication is ordered by (see InsertCommunication):
-  // any positive costs give a deadlock-free order; costs close to the real
-  // ones give the best overlap.
+  // Costs the inserted communication is ordered by (see InsertCommunication),
+  // and that ZB-H1 places its W actions by: any positive costs give a
+  // deadlock-free order; costs close to the real ones give the best overlap.
   CostModel costs;
 };
 
 // InvalidArgument, with the reason, for options no generator accepts.
 STRATA_EXPORT absl::Status CheckScheduleOptions(const ScheduleOptions& options);
 
-// The compute actions only (F, B), transfers implied. The schedule's name
+// The compute actions only (F, B; I and W for ZB-H1), transfers implied. The schedule's name
 // says what it is ("1F1B p=4 m=8") and its activation limit is set.
 STRATA_EXPORT absl::StatusOr<Schedule> GenerateComputeOrder(const ScheduleOptions& options);
 
