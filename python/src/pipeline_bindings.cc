@@ -205,7 +205,7 @@ one line per rank. Build one with generate() or parse().
   m.def("generate", &Generate, py::arg("kind") = "1f1b", py::kw_only(), py::arg("num_ranks"),
         py::arg("num_microbatches"), py::arg("virtual_stages") = 1,
         py::arg("microbatch_group_size") = py::none(), py::arg("compute_only") = false,
-        "A GPipe, 1F1B or interleaved-1F1B schedule (communication inserted unless "
+        "A GPipe, 1F1B, interleaved-1F1B or ZB-H1 schedule (communication inserted unless "
         "compute_only).");
   m.def("render_grid", &Grid, py::arg("schedule"), py::arg("result"), py::kw_only(),
         py::arg("unit") = py::none(), py::arg("begin") = 0.0, py::arg("end") = py::none());

@@ -109,7 +109,9 @@ class Callbacks {
   pipeline::StageFunctions Functions() {
     pipeline::StageFunctions f;
     f.forward = [this](const ForwardCall& call) { return Forward(call); };
-    f.backward = [this](const BackwardCall& call) { return Backward(call); };
+    f.backward = [this](const BackwardCall& call) { return Backward(call, "B"); };
+    f.backward_input = [this](const BackwardCall& call) { return Backward(call, "I"); };
+    f.backward_weight = [this](const BackwardCall& call) { return Backward(call, "W").status(); };
     return f;
   }
 
@@ -144,11 +146,14 @@ class Callbacks {
     }
   }
 
-  absl::StatusOr<TensorList> Backward(const BackwardCall& call) {
+  // `part`: "B" (the whole backward), "I" (input gradients) or "W" (weight
+  // gradients, returning None).
+  absl::StatusOr<TensorList> Backward(const BackwardCall& call, const char* part) {
     py::gil_scoped_acquire gil;
     try {
       py::object r = backward_(call.stage, call.microbatch, ToPython(*call.output_grads),
-                               Held(*call.context), call.loss_scale);
+                               Held(*call.context), call.loss_scale, part);
+      if (r.is_none()) return TensorList{};
       return ToTensorList(r);
     } catch (py::error_already_set& e) {
       return Caught(e);

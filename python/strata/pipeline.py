@@ -23,7 +23,7 @@ Simulating and validating calls take the costs as keywords: ``forward``,
 ``StageLayout.stage_weights()`` for uneven layouts). See docs/pipeline.md.
 
 Training pipelined (``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``) is in :mod:`strata.pipeline_exec`, re-exported
+``ScheduleInterleaved1F1B``, ``ScheduleZeroBubble``) is in :mod:`strata.pipeline_exec`, re-exported
 here; it imports torch on first use.
 """
 
@@ -33,7 +33,7 @@ Schedule = _core.Schedule
 SimulationResult = _core.SimulationResult
 StageLayout = _core.StageLayout
 
-KINDS = ("gpipe", "1f1b", "interleaved-1f1b")
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
 COMM_MODELS = ("rendezvous", "async")
 
 
@@ -41,9 +41,11 @@ def generate(kind="1f1b", *, num_ranks, num_microbatches, virtual_stages=1,
              microbatch_group_size=None, compute_only=False, **costs):
     """A generated schedule.
 
-    ``kind`` is ``"gpipe"``, ``"1f1b"`` or ``"interleaved-1f1b"`` (with
+    ``kind`` is ``"gpipe"``, ``"1f1b"``, ``"interleaved-1f1b"`` (with
     ``virtual_stages`` stages per rank and ``microbatch_group_size``
-    defaulting to ``num_ranks``). Communication is inserted in a
+    defaulting to ``num_ranks``) or ``"zb-h1"`` (zero bubble: I and W
+    placed by simulating the given ``forward``, ``backward_input`` and
+    ``backward_weight`` costs). Communication is inserted in a
     deadlock-free order, ordered by the given costs, unless
     ``compute_only``. Options no generator accepts raise
     :class:`strata.PipelineError` saying why.
@@ -76,17 +78,24 @@ def render_grid(schedule, result, *, unit=None, begin=0.0, end=None):
 
 def bubble_fraction(kind, *, num_ranks, num_microbatches, virtual_stages=1):
     """The closed-form bubble of a generated schedule with free transfers:
-    ``(p - 1) / (v m + p - 1)`` (v = 1 for GPipe and 1F1B). The simulator
-    measures exactly this; see docs/pipeline.md for when it holds."""
+    ``(p - 1) / (v m + p - 1)`` (v = 1 for GPipe and 1F1B), and for zb-h1
+    with F, I and W of equal cost and m >= p, ``(p - 1) / (3 m + p - 1)``.
+    The simulator measures exactly this; see docs/pipeline.md for when it
+    holds."""
     if kind not in KINDS:
         raise ValueError(f"unknown schedule kind {kind!r} (expected one of {KINDS})")
     p, m = num_ranks, num_microbatches
+    if kind == "zb-h1":
+        if m < p:
+            raise ValueError(f"zb-h1 has no closed-form bubble for m = {m} < p = {p}; "
+                             "simulate the schedule")
+        return (p - 1) / (3 * m + p - 1)
     v = virtual_stages if kind == "interleaved-1f1b" else 1
     return (p - 1) / (v * m + p - 1)
 
 
 _EXEC = ("PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
-         "StepStats")
+         "ScheduleZeroBubble", "StepStats")
 
 
 def __getattr__(name):

@@ -14,8 +14,10 @@ last the targets; others may pass None)::
     losses = schedule.step(inputs, targets)     # list on the last stage, else None
     ...                                          # dp allreduce, optimizer.step()
 
-``ScheduleGPipe`` has the same arguments; ``ScheduleInterleaved1F1B`` takes
-the list of this rank's stages (rank r holds stages r, r + p, r + 2p, ...).
+``ScheduleGPipe`` and ``ScheduleZeroBubble`` (zero-bubble H1: the backward
+split into input and weight gradients) have the same arguments;
+``ScheduleInterleaved1F1B`` takes the list of this rank's stages (rank r
+holds stages r, r + p, r + 2p, ...).
 The inputs (a tensor or a tuple of tensors) and the targets are split into
 ``n_microbatches`` microbatches along dim 0. Parameter gradients accumulate
 in ``.grad`` over the microbatches; ``scale_grads=True`` makes them the
@@ -36,12 +38,16 @@ its microbatch; the exception raised in the stage is its ``__cause__``.
 The pipeline group is unusable afterwards (rebuild the world).
 """
 
+import re
+import weakref
+
 import torch
 
 from ._strata import pipeline as _core
 from .errors import InvalidArgument, PipelineError
 
-__all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B"]
+__all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
+           "ScheduleZeroBubble"]
 
 _TORCH_DTYPES = {
     "fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16,
@@ -107,10 +113,11 @@ class _Activation:
     .grad the backward reads. The runner holds it, and drops it as soon as
     the backward is done."""
 
-    __slots__ = ("outputs", "leaves", "loss", "_live")
+    __slots__ = ("outputs", "leaves", "loss", "records", "_live")
 
-    def __init__(self, outputs, leaves, loss, live):
+    def __init__(self, outputs, leaves, loss, live, records=None):
         self.outputs, self.leaves, self.loss, self._live = outputs, leaves, loss, live
+        self.records = records  # split backward: (module, output) of the forward
         live.now += 1
         live.peak = max(live.peak, live.now)
 
@@ -132,6 +139,100 @@ def _split(value, m, what):
                                   f"rows along dim 0, fewer than the {m} microbatches")
         columns.append(torch.tensor_split(t, m, dim=0))
     return [tuple(c[i] for c in columns) for i in range(m)]
+
+
+def _graph(roots):
+    """The autograd graph behind ``roots``: {node: number of edges into it},
+    and {id(parameter): its AccumulateGrad node}."""
+    refs, accumulators = {}, {}
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    seen = set(stack)
+    while stack:
+        node = stack.pop()
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            accumulators[id(variable)] = node
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            refs[nxt] = refs.get(nxt, 0) + 1
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return refs, accumulators
+
+
+def _deferrable(records, roots, params):
+    """Which parameters' gradients can wait for W: [(output, [parameters])]
+    for each module run once in the forward whose parameters every path from
+    the loss reaches only through that module's output (their gradients then
+    follow from the output's gradient alone). Every other parameter (used
+    outside its module, shared, behind a module that returns a tuple) gets
+    its gradient in I with the inputs'."""
+    counts = {}
+    for module, out in records:
+        counts[id(module)] = counts.get(id(module), 0) + 1
+    records = [(m, o) for m, o in records if counts[id(m)] == 1 and o.grad_fn is not None]
+    fns = [o.grad_fn for _, o in records]
+    stops = {f for f in fns if fns.count(f) == 1}
+    refs, accumulators = _graph(roots)
+    wanted = {id(p) for p in params}
+    out = []
+    for module, o in records:
+        if o.grad_fn not in stops:
+            continue
+        # The nodes only this output's node reaches: all their edges come
+        # from nodes already owned, up to the other modules' outputs.
+        owned, reached, stack = {o.grad_fn}, {}, [o.grad_fn]
+        while stack:
+            for nxt, _ in stack.pop().next_functions:
+                if nxt is None or nxt in stops or nxt in owned:
+                    continue
+                reached[nxt] = reached.get(nxt, 0) + 1
+                if reached[nxt] == refs.get(nxt, 0):
+                    owned.add(nxt)
+                    stack.append(nxt)
+        mine = [p for p in module.parameters(recurse=False)
+                if id(p) in wanted and accumulators.get(id(p)) in owned]
+        if mine:
+            out.append((o, mine))
+    return out
+
+
+def _accumulate(param, grad):
+    if param.grad is None:
+        param.grad = grad if grad.is_contiguous() else grad.contiguous()
+    else:
+        param.grad += grad
+
+
+class _Recorder:
+    """The (module, output) pairs of the forward being recorded (None: no
+    recording). One for the process: forwards run one at a time."""
+
+    records = None
+
+
+_RECORDER = _Recorder()
+_HOOKED = weakref.WeakSet()
+
+
+def _record(module, args, output):
+    if (_RECORDER.records is not None and isinstance(output, torch.Tensor)
+            and output.requires_grad):
+        _RECORDER.records.append((module, output))
+
+
+def _hook(module):
+    """Records the outputs of ``module``'s submodules that own parameters
+    (one forward hook each, added once, a no-op outside a split schedule's
+    forward)."""
+    if not isinstance(module, torch.nn.Module):
+        return
+    for mod in module.modules():
+        if mod not in _HOOKED and any(True for _ in mod.parameters(recurse=False)):
+            mod.register_forward_hook(_record)
+            _HOOKED.add(mod)
 
 
 class _PipelineSchedule:
@@ -181,6 +282,10 @@ class _PipelineSchedule:
         self._m = n_microbatches
         self._group = group
         self._device = torch.device("cpu")  # the host backends (mpi, gloo)
+        self._split = any(re.fullmatch(r"\d+I\d+", t) for t in self.schedule.actions(r))
+        if self._split:
+            for s in stages:
+                _hook(s.module)
         self._runner = _core._Runner(self.schedule, group._raw, timeout=float(timeout),
                                      scale_grads=bool(scale_grads))
         self.stats = None
@@ -221,8 +326,14 @@ class _PipelineSchedule:
         else:
             leaves = tuple(x.detach().requires_grad_(x.is_floating_point()) for x in inputs)
             args = leaves
+        records = None
         with torch.enable_grad():
-            out = stage.module(*args)
+            if self._split:
+                _RECORDER.records = records = []
+            try:
+                out = stage.module(*args)
+            finally:
+                _RECORDER.records = None
             if index == self.num_stages - 1:
                 target = self._targets
                 loss = (self._loss_fn(out) if target is None
@@ -232,7 +343,7 @@ class _PipelineSchedule:
                                           f"{loss!r:.80}")
                 detached = loss.detach()
                 self._losses[microbatch] = detached
-                return (), float(detached), _Activation((), leaves, loss, self._live)
+                return (), float(detached), _Activation((), leaves, loss, self._live, records)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for k, o in enumerate(outs):
             if not isinstance(o, torch.Tensor):
@@ -244,21 +355,57 @@ class _PipelineSchedule:
                                       "tensors")
         outs = tuple(o.contiguous() for o in outs)
         sent = [_wire(o.detach(), f"stage {index}'s output {k}") for k, o in enumerate(outs)]
-        return sent, None, _Activation(outs, leaves, None, self._live)
+        return sent, None, _Activation(outs, leaves, None, self._live, records)
 
-    def _backward(self, index, microbatch, output_grads, act, loss_scale):
+    def _backward(self, index, microbatch, output_grads, act, loss_scale, part="B"):
+        if part == "W":
+            for out, params, grad in act.records:
+                torch.autograd.backward(out, grad, inputs=params, retain_graph=True)
+            act.outputs = act.leaves = act.loss = act.records = None  # the graph goes now
+            return None
         if act.loss is not None:
-            torch.autograd.backward(act.loss, torch.full_like(act.loss, loss_scale))
+            roots, root_grads = [act.loss], [torch.full_like(act.loss, loss_scale)]
         else:
             pairs = [(o, g) for o, g in zip(act.outputs, output_grads) if o.requires_grad]
-            if pairs:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            roots, root_grads = [o for o, _ in pairs], [g for _, g in pairs]
+        if part == "I":
+            self._backward_input(index, act, roots, root_grads)
+        elif roots:
+            torch.autograd.backward(roots, root_grads)
         grads = []
         for k, x in enumerate(act.leaves):
             g = x.grad if x.grad is not None else torch.zeros_like(x)
             grads.append(_wire(g.contiguous(), f"the gradient of stage {index}'s input {k}"))
-        act.outputs = act.leaves = act.loss = None  # the graph goes now
+        if part == "B":
+            act.outputs = act.leaves = act.loss = None  # the graph goes now
         return grads
+
+    def _backward_input(self, index, act, roots, root_grads):
+        """I of a split backward: the inputs' gradients (left in the leaves'
+        .grad), the gradients of the parameters that cannot wait, and, kept
+        for W, the gradient at the output of each module whose parameters
+        can (see _deferrable). The graph stays until W."""
+        records, act.records = act.records or [], []
+        if not roots:
+            return
+        params = [p for p in self._stages[index].module.parameters() if p.requires_grad]
+        deferred = _deferrable(records, roots, params)
+        later = {id(p) for _, ps in deferred for p in ps}
+        now = [p for p in params if id(p) not in later]
+        leaves = [x for x in act.leaves if x.requires_grad]
+        targets = leaves + now + [o for o, _ in deferred]
+        if not targets:
+            return
+        got = torch.autograd.grad(roots, targets, root_grads, retain_graph=True,
+                                  allow_unused=True)
+        for x, g in zip(leaves, got):
+            x.grad = g
+        for p, g in zip(now, got[len(leaves):]):
+            if g is not None:
+                _accumulate(p, g)
+        for (o, ps), g in zip(deferred, got[len(leaves) + len(now):]):
+            if g is not None:
+                act.records.append((o, ps, g))
 
     def _allocate(self, dtype, shape):
         t = torch.empty(shape, dtype=_TORCH_DTYPES[dtype], device=self._device)
@@ -283,6 +430,26 @@ class Schedule1F1B(_PipelineSchedule):
     """One forward, one backward: holds at most p - rank activations."""
 
     _kind = "1f1b"
+
+    def __init__(self, stage, n_microbatches, loss_fn, scale_grads=True, *, timeout=300.0):
+        super().__init__([stage], n_microbatches, loss_fn, scale_grads=scale_grads,
+                         timeout=timeout)
+
+
+class ScheduleZeroBubble(_PipelineSchedule):
+    """Zero-bubble H1: the backward split into I (the input gradient, which
+    the previous stage waits for) and W (the weight gradient, which fills
+    the bubbles): a third of 1F1B's idle time when F, I and W cost the same,
+    holding at most min(p, n_microbatches) activations on every rank.
+
+    W needs no second pass through the stage: I keeps, for each submodule
+    that owns parameters and runs once per forward, the gradient at its
+    output; W turns those into the parameters' gradients. Parameters that
+    are used outside their module (or shared, or under a module returning a
+    tuple) get their gradients in I. Adds a forward hook to each such
+    submodule (a no-op outside this schedule's forwards)."""
+
+    _kind = "zb-h1"
 
     def __init__(self, stage, n_microbatches, loss_fn, scale_grads=True, *, timeout=300.0):
         super().__init__([stage], n_microbatches, loss_fn, scale_grads=scale_grads,

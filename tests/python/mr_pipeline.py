@@ -23,9 +23,10 @@ from pipeline_models import copy_of, loss_fn, make_batch, make_stages, reference
 
 N = int(os.environ["STRATA_TEST_NP"])
 CLASSES = {"gpipe": pipeline.ScheduleGPipe, "1f1b": pipeline.Schedule1F1B,
-           "interleaved": pipeline.ScheduleInterleaved1F1B}
+           "interleaved": pipeline.ScheduleInterleaved1F1B, "zb": pipeline.ScheduleZeroBubble}
 # (kind, stages per rank, microbatches)
-CASES = [("gpipe", 1, 6), ("1f1b", 1, 8), ("1f1b", 1, N - 1), ("interleaved", 2, 2 * N)]
+CASES = [("gpipe", 1, 6), ("1f1b", 1, 8), ("1f1b", 1, N - 1), ("interleaved", 2, 2 * N),
+         ("zb", 1, 8), ("zb", 1, N - 1)]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,8 @@ def test_scale_grads_false_sums(world):
     agree(world, problems)
 
 
-@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 4), ("1f1b", 1, 8), ("interleaved", 2, N)])
+@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 4), ("1f1b", 1, 8), ("interleaved", 2, N),
+                                     ("zb", 1, 8)])
 def test_twenty_steps_follow_the_unpipelined_loss_curve(world, kind, v, m):
     reference, piped, mine, schedule = build(world, kind, v, m, seed=3)
     opt = torch.optim.SGD([p for s in mine for p in piped[s].parameters()], lr=0.2)

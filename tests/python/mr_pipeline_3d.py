@@ -145,7 +145,8 @@ class Setup:
                         for s in self.mine}
         stages = [pipeline.PipelineStage(self.modules[s], s, world) for s in self.mine]
         cls = {"gpipe": pipeline.ScheduleGPipe, "1f1b": pipeline.Schedule1F1B,
-               "interleaved": pipeline.ScheduleInterleaved1F1B}[kind]
+               "interleaved": pipeline.ScheduleInterleaved1F1B,
+               "zb": pipeline.ScheduleZeroBubble}[kind]
         self.schedule = cls(stages if kind == "interleaved" else stages[0], m, loss_fn,
                             timeout=60)
 
@@ -182,7 +183,8 @@ class Setup:
                     problems.append(f"head {name}: max error {(a.grad - b.grad).abs().max()}")
 
 
-@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 4), ("1f1b", 1, 4), ("interleaved", 2, 4)])
+@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 4), ("1f1b", 1, 4), ("interleaved", 2, 4),
+                                     ("zb", 1, 4)])
 def test_one_step_equals_unpipelined(world, kind, v, m):
     setup = Setup(world, kind, v, m)
     x, y = batch(22, seed=1)  # halves of 11 rows: uneven microbatches

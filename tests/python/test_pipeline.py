@@ -66,6 +66,26 @@ def test_interleaving_reduces_the_bubble(p, m, v):
     assert r.mean_bubble_fraction < plain.mean_bubble_fraction
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 8)])
+def test_zero_bubble_takes_two_thirds_of_the_bubble_away(p, m):
+    equal = {"forward": 1.0, "backward_input": 1.0, "backward_weight": 1.0}
+    s = pipeline.generate("zb-h1", num_ranks=p, num_microbatches=m, **equal)
+    s.validate()
+    assert s.name == f"ZB-H1 p={p} m={m}"
+    r = s.simulate(**equal)
+    assert r.makespan == 3 * m + p - 1
+    assert r.mean_bubble_fraction == pytest.approx(
+        pipeline.bubble_fraction("zb-h1", num_ranks=p, num_microbatches=m), abs=1e-12)
+    plain = pipeline.generate("1f1b", num_ranks=p, num_microbatches=m).simulate(backward=2.0)
+    # Idle time per rank: p - 1 against 1F1B's 3 (p - 1) (B = I + W = 2).
+    assert r.makespan - 3 * m == p - 1
+    assert plain.makespan - 3 * m == 3 * (p - 1)
+    # No rank holds more than 1F1B's rank 0.
+    assert max(r.peak_in_flight) == max(plain.peak_in_flight) == min(p, m)
+    with pytest.raises(ValueError, match="no closed-form bubble for m = 2 < p = 4"):
+        pipeline.bubble_fraction("zb-h1", num_ranks=4, num_microbatches=2)
+
+
 def test_timeline_and_grid():
     s = pipeline.parse(P2)
     r = s.simulate()
@@ -154,8 +174,8 @@ def test_generator_refusals():
     s.validate()
     with pytest.raises(strata.PipelineError, match="needs at least p = 4 microbatches"):
         pipeline.generate("interleaved-1f1b", num_ranks=4, num_microbatches=2, virtual_stages=2)
-    with pytest.raises(strata.PipelineError, match="unknown schedule kind 'zero-bubble'"):
-        pipeline.generate("zero-bubble", num_ranks=2, num_microbatches=2)
+    with pytest.raises(strata.PipelineError, match="unknown schedule kind 'zb-v'"):
+        pipeline.generate("zb-v", num_ranks=2, num_microbatches=2)
     with pytest.raises(strata.PipelineError, match="microbatch_group_size is 0"):
         pipeline.generate("interleaved-1f1b", num_ranks=2, num_microbatches=4, virtual_stages=2,
                           microbatch_group_size=0)

@@ -26,7 +26,8 @@ def grads_equal(a, b, tol=1e-12):
                for s, t in zip(a, b) for x, y in zip(s.parameters(), t.parameters()))
 
 
-@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 3), ("1f1b", 1, 5), ("interleaved", 3, 4)])
+@pytest.mark.parametrize("kind,v,m", [("gpipe", 1, 3), ("1f1b", 1, 5), ("interleaved", 3, 4),
+                                     ("zb", 1, 4)])
 def test_one_rank_equals_unpipelined(world, kind, v, m):
     reference = make_stages(v)
     piped = copy_of(reference)
@@ -35,6 +36,8 @@ def test_one_rank_equals_unpipelined(world, kind, v, m):
         schedule = pipeline.ScheduleGPipe(stages[0], m, loss_fn)
     elif kind == "1f1b":
         schedule = pipeline.Schedule1F1B(stages[0], m, loss_fn)
+    elif kind == "zb":
+        schedule = pipeline.ScheduleZeroBubble(stages[0], m, loss_fn)
     else:
         schedule = pipeline.ScheduleInterleaved1F1B(stages, m, loss_fn)
     inputs, targets = make_batch(11)
@@ -49,7 +52,7 @@ def test_one_rank_equals_unpipelined(world, kind, v, m):
     stats = schedule.stats
     assert stats.peak_in_flight == schedule.schedule.peak_in_flight()[0]
     assert schedule.peak_live_activations == stats.peak_in_flight
-    assert len(stats.timings) == 2 * m * v
+    assert len(stats.timings) == (3 if kind == "zb" else 2) * m * v
     assert [t[0] for t in stats.timings] == [a for a in schedule.schedule.actions(0)]
     assert 0 <= stats.busy_seconds <= stats.step_seconds
     # The wall-clock start puts the ranks' timings on one timeline.
@@ -57,6 +60,58 @@ def test_one_rank_equals_unpipelined(world, kind, v, m):
     assert all(0 <= start <= end <= stats.step_seconds for _, start, end in stats.timings)
     assert stats.bubble_fraction == pytest.approx(1 - stats.busy_seconds / stats.step_seconds)
     assert list(stats.losses) == [l.item() for l in losses]
+
+
+class Tricky(torch.nn.Module):
+    """Parameters used in every way the split backward must tell apart."""
+
+    def __init__(self, d=5):
+        super().__init__()
+        torch.manual_seed(7)
+        lin = lambda: torch.nn.Linear(d, d, dtype=torch.float64)  # noqa: E731
+        self.a, self.b, self.twice, self.tied = lin(), lin(), lin(), lin()
+        self.head = torch.nn.Linear(d, 2, dtype=torch.float64)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        h = h + self.b(h)                                   # a residual around b
+        h = self.twice(torch.tanh(self.twice(h)))           # one module run twice
+        t = torch.tanh(self.tied(h))
+        # tied.weight again, outside its module and not behind its output.
+        return self.head(t + torch.nn.functional.linear(h, self.tied.weight))
+
+
+def test_zero_bubble_defers_only_what_its_module_output_determines():
+    from strata import pipeline_exec as pe
+    model = Tricky()
+    pe._hook(model)
+    pe._RECORDER.records = records = []
+    try:
+        out = model(torch.randn(4, 5, dtype=torch.float64))
+    finally:
+        pe._RECORDER.records = None
+    names = {id(p): n for n, p in model.named_parameters()}
+    deferred = pe._deferrable(records, [out.sum()], list(model.parameters()))
+    assert sorted(names[id(p)] for _, ps in deferred for p in ps) == [
+        "a.bias", "a.weight", "b.bias", "b.weight", "head.bias", "head.weight", "tied.bias"]
+
+
+def test_zero_bubble_gradients_equal_the_whole_backward(world):
+    reference, piped = Tricky(), Tricky()
+    schedule = pipeline.ScheduleZeroBubble(pipeline.PipelineStage(piped, 0, world), 3,
+                                           lambda out, y: ((out - y) ** 2).mean())
+    x = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    y = torch.randn(7, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    for _ in range(2):  # gradients accumulate over steps too
+        losses = schedule.step(x, y)
+        for i, (xi, yi) in enumerate(zip(torch.tensor_split(x, 3), torch.tensor_split(y, 3))):
+            loss = ((reference(xi) - yi) ** 2).mean()
+            (loss / 3).backward()
+            assert torch.allclose(losses[i], loss.detach(), rtol=1e-12, atol=1e-12)
+    assert [a.startswith("0I") or a.startswith("0W") or a.startswith("0F")
+            for a in schedule.schedule.actions(0)].count(True) == 9
+    for (name, a), b in zip(piped.named_parameters(), reference.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-12), name
 
 
 def test_scale_grads_false_sums_and_steps_accumulate(world):
