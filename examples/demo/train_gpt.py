@@ -134,6 +134,13 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
               f"theory (p-1)/(m+p-1) = {theory:.3f} for p={pp.size}, m={microbatches}. "
               f"{world.size} ranks share {os.cpu_count()} cores here, so ranks also wait for "
               "a core.", flush=True)
+        equal = dict(forward=1.0, backward_input=1.0, backward_weight=1.0)
+        zb = pipeline.generate("zb-h1", num_ranks=pp.size, num_microbatches=microbatches,
+                               **equal).simulate(**equal)
+        print(f"ZB-H1 (pipeline.ScheduleZeroBubble: the backward split into input and weight "
+              f"gradients, the weight gradients filling the bubble) for the same p and m: "
+              f"{zb.mean_bubble_fraction:.3f} in simulation with F = I = W, against 1F1B's "
+              f"{theory:.3f}", flush=True)
         print(f"the model continues 'strata ' with: {continuation!r}", flush=True)
     sys.stdout.flush()
     return first, shown.item()

@@ -52,6 +52,33 @@ def test_stages_in_turn_equal_the_whole_model():
         torch.testing.assert_close(t.grad, want[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_zero_bubble_split_backward_equals_the_whole_backward():
+    # ScheduleZeroBubble on the GPT (embeddings, attention, norms, the output
+    # layer) as one stage of a one-rank world: I, then W from the module
+    # outputs I kept, give the whole backward's gradients.
+    import strata
+    from strata import pipeline
+
+    world = strata.init(timeout=60)
+    try:
+        full, ref = model(4), model(4)
+        stage = GPTStage(full, 0, 1)
+        schedule = pipeline.ScheduleZeroBubble(pipeline.PipelineStage(stage, 0, world), 3,
+                                               stage.loss)
+        g = torch.Generator().manual_seed(3)
+        ids = torch.randint(0, 256, (6, 16), generator=g)  # [batch, seq]
+        targets = torch.randint(0, 256, (6, 16), generator=g)
+        losses = schedule.step(ids, targets)
+        for i, (x, y) in enumerate(zip(torch.tensor_split(ids, 3), torch.tensor_split(targets, 3))):
+            loss = ref.loss(x.t(), y.t())
+            (loss / 3).backward()
+            torch.testing.assert_close(losses[i], loss.detach(), rtol=1e-6, atol=1e-6)
+        for (n, a), b in zip(full.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6, msg=n)
+    finally:
+        world.destroy()
+
+
 def test_fewer_layers_than_stages_is_refused():
     assert stage_layers(5, 2, 0) == [0, 1, 2] and stage_layers(5, 2, 1) == [3, 4]
     with pytest.raises(ValueError, match="2 layers cannot fill 3 pipeline stages"):
