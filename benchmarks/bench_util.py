@@ -149,10 +149,11 @@ def render_results_md():
             if r.get("target_on") == "strata" and target != "-":
                 target += " *"
             met = {True: "yes", False: "**no**", None: "-"}[r.get("met")]
-            out.append("| " + " | ".join([
-                str(r.get("case", "")), str(r.get("metric", "")), str(r.get("unit", "")),
-                _fmt(r.get("strata")), str(r.get("peer") or "-"), _fmt(r.get("peer_value")),
-                _fmt(r.get("ratio")), target, met]) + " |")
+            cells = [str(r.get("case", "")), str(r.get("metric", "")), str(r.get("unit", "")),
+                     _fmt(r.get("strata")), str(r.get("peer") or "-"),
+                     _fmt(r.get("peer_value")), _fmt(r.get("ratio")), target, met]
+            # A '|' inside a cell (|measured - theory|) would end it.
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
     with open(RESULTS_MD, "w") as f:
         f.write("\n".join(out))

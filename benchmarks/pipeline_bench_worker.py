@@ -84,16 +84,22 @@ def loss_fn(out, target):
     return torch.nn.functional.mse_loss(out, target)
 
 
-_COMPUTE = re.compile(r"(\d+)([FB])(\d+)")
+_COMPUTE = re.compile(r"(\d+)([FBIW])(\d+)")
+
+
+def kinds_of(timings):
+    """The compute kinds in a step's timings: "FB", or "FIW" for a split
+    backward."""
+    return "FIW" if any(_COMPUTE.fullmatch(t).group(2) == "I" for t, _, _ in timings) else "FB"
 
 
 def compute_spread(timings):
     """How much this rank's forwards (and backwards) vary within a step:
-    their coefficient of variation, mean over F and B (0 with fewer than
+    their coefficient of variation, mean over the kinds (0 with fewer than
     two of each)."""
     cvs = []
-    for kind in "FB":
-        d = [e - b for label, b, e in timings if kind in label]
+    for kind in kinds_of(timings):
+        d = [e - b for label, b, e in timings if _COMPUTE.fullmatch(label).group(2) == kind]
         if len(d) > 1:
             cvs.append(statistics.pstdev(d) / statistics.mean(d))
     return statistics.mean(cvs) if cvs else 0.0
@@ -103,7 +109,8 @@ def compute_lists(schedule):
     """Each rank's compute actions in its list's order, as (kind, stage,
     microbatch), with what each waits for: [(action, dependency)] per rank,
     the dependency being the action whose output it reads (F(s, i) reads
-    F(s-1, i)'s, B(s, i) reads B(s+1, i)'s) or None."""
+    F(s-1, i)'s, B(s, i) reads B(s+1, i)'s, I(s, i) I(s+1, i)'s) or None
+    (W reads only its own rank's I, which comes before it)."""
     last_stage = schedule.num_stages - 1
     lists = []
     for r in range(schedule.num_ranks):
@@ -114,7 +121,7 @@ def compute_lists(schedule):
                 continue
             stage, kind, mb = int(match.group(1)), match.group(2), int(match.group(3))
             dep = (("F", stage - 1, mb) if kind == "F" and stage > 0 else
-                   ("B", stage + 1, mb) if kind == "B" and stage < last_stage else None)
+                   (kind, stage + 1, mb) if kind in "BI" and stage < last_stage else None)
             acts.append(((kind, stage, mb), dep))
         lists.append(acts)
     return lists
@@ -224,6 +231,9 @@ def main():
     ap.add_argument("--noise-iters", type=int, default=0,
                     help="first measure the stage's compute spread alone and with all ranks "
                          "at once over this many microbatches (0: not measured)")
+    ap.add_argument("--schedule", default="1f1b", choices=["1f1b", "zb"],
+                    help="1F1B against torch's Schedule1F1B, or ZB-H1 against torch's "
+                         "ScheduleInterleavedZeroBubble with one stage per rank")
     ap.add_argument("--fixed-ms", type=float, default=None,
                     help="stages of fixed costs (F ms forward, 2F backward) instead of the MLP")
     args = ap.parse_args()
@@ -264,8 +274,13 @@ def main():
         g = torch.Generator().manual_seed(m)
         x = torch.randn(rows, args.hidden, generator=g)
         y = torch.randn(rows, args.hidden, generator=g)
-        ours_sched = pipeline.Schedule1F1B(strata_stage, m, loss_fn, timeout=120)
-        torch_sched = tpp.Schedule1F1B(torch_stage, m, loss_fn=loss_fn)
+        if args.schedule == "zb":
+            ours_sched = pipeline.ScheduleZeroBubble(strata_stage, m, loss_fn, timeout=120)
+            torch_sched = tpp.ScheduleInterleavedZeroBubble([torch_stage], m, loss_fn=loss_fn)
+        else:
+            ours_sched = pipeline.Schedule1F1B(strata_stage, m, loss_fn, timeout=120)
+            torch_sched = tpp.Schedule1F1B(torch_stage, m, loss_fn=loss_fn)
+        kinds = "FIW" if args.schedule == "zb" else "FB"
 
         def run_strata():
             ours.zero_grad()
@@ -324,17 +339,30 @@ def main():
                                                    every_span.view(p, -1, 2).tolist())
                         if latency is not None:
                             latencies.append(latency)
-                        # Each rank's mean forward and backward (ms).
+                        # Each rank's mean forward and backward (ms; I
+                        # and W for a split backward).
                         fb = torch.tensor([1e3 * statistics.mean(
-                            e - b for label, b, e in stats.timings if kind in label)
-                            for kind in "FB"], dtype=torch.float64)
-                        every_fb = torch.zeros(2 * p, dtype=torch.float64)
+                            e - b for label, b, e in stats.timings
+                            if _COMPUTE.fullmatch(label).group(2) == kind)
+                            for kind in kinds], dtype=torch.float64)
+                        every_fb = torch.zeros(len(kinds) * p, dtype=torch.float64)
                         world.group().allgather(every_fb, fb)
-                        means.append(every_fb.view(p, 2).tolist())
+                        means.append(every_fb.view(p, len(kinds)).tolist())
                 else:
                     s = slowest(run_torch())
                     if k >= args.warmup:
                         torch_t.append(s)
+        stage_ms = [[statistics.median(r[s][k] for r in means) for k in range(len(kinds))]
+                    for s in range(p)]
+        if args.schedule == "zb":
+            # ZB-H1's own bubble for these costs: its schedule simulated
+            # with the measured mean F, I and W (free transfers).
+            mean = [statistics.mean(st[k] for st in stage_ms) for k in range(3)]
+            costs = dict(forward=mean[0], backward_input=mean[1], backward_weight=mean[2])
+            theory = pipeline.generate("zb-h1", num_ranks=p, num_microbatches=m, **costs) \
+                .simulate(**costs).mean_bubble_fraction
+        else:
+            theory = (p - 1) / (m + p - 1)
         results.append({
             "m": m,
             "strata_ms": 1e3 * statistics.median(ours_t),
@@ -343,9 +371,8 @@ def main():
             "replayed_bubble": statistics.median(sim_bubbles),
             "compute_cv": statistics.median(spreads),
             "transfer_us": 1e6 * statistics.median(latencies) if latencies else None,
-            "stage_ms": [[statistics.median(r[s][k] for r in means) for k in range(2)]
-                         for s in range(p)],
-            "theory": (p - 1) / (m + p - 1),
+            "stage_ms": stage_ms,
+            "theory": theory,
             "peak_in_flight": ours_sched.stats.peak_in_flight,
         })
         if rank == 0:
@@ -354,6 +381,7 @@ def main():
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"ranks": p, "hidden": args.hidden, "layers": args.layers,
+                       "schedule": args.schedule,
                        "fixed_ms": args.fixed_ms,
                        "microbatch": args.microbatch, "rounds": args.rounds,
                        "noise": noise,

@@ -18,7 +18,10 @@ them; stages of fixed costs on 4 ranks (forward 40 ms, backward 80 ms,
 sleeping), the pipeline's own behaviour where ranks outnumber free cores;
 and the MLP with one rank per core (16 layers per stage, 128 rows per
 microbatch, the first stage computing its input's gradient so that the
-stages are equal, as the theory assumes). The step-time target applies to
+stages are equal, as the theory assumes). A fifth run takes that last MLP
+through strata.pipeline.ScheduleZeroBubble (ZB-H1) against torch's
+ScheduleInterleavedZeroBubble with one stage per rank, beside strata's 1F1B
+of the third run (no targets). The step-time target applies to
 the 4-rank MLP; the bubble target to all three. Each bubble is also
 compared with a replay of the same step's measured compute durations
 through the schedule with free transfers (what the runner and the
@@ -33,6 +36,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -100,15 +104,54 @@ def main():
                                              "--input-grad", "--noise-iters", "30"],
                           np=min(cores, args.np))),
               # strata's other CPU backend, for comparison (no target).
-              ("MLP, strata over MPI", run_worker(args, env, ["--backend", "mpi"]))]
+              ("MLP, strata over MPI", run_worker(args, env, ["--backend", "mpi"])),
+              # Zero bubble on the one-rank-per-core MLP (no target).
+              ("MLP, 16 layers, 128 rows, one rank per core, ZB-H1",
+               run_worker(args, env, gloo + ["--layers", "16", "--microbatch", "128",
+                                             "--input-grad", "--schedule", "zb"],
+                          np=min(cores, args.np)))]
     rows = []
+    one_f_one_b = {c["m"]: c for c in models[2][1]["results"]}
     for k, (name, doc) in enumerate(models):
         p = doc["ranks"]
+        zb = doc.get("schedule") == "zb"
         for c in doc["results"]:
             case = f"{name}, p={p}, m={c['m']}"
             fixed = doc.get("fixed_ms")
             if fixed:  # the sleeps set the step time: both near the ideal makespan
                 case += f" (ideal makespan {(c['m'] + p - 1) * 3 * fixed:g} ms)"
+            if zb:
+                rows.append({"case": case, "metric": "ZB-H1 step time", "unit": "ms",
+                             "strata": c["strata_ms"],
+                             "peer": "torch.distributed.pipelining ScheduleInterleavedZeroBubble, "
+                                     "one stage per rank (gloo)",
+                             "peer_value": c["torch_ms"], "target": None})
+                plain = one_f_one_b.get(c["m"])
+                if plain is not None:
+                    rows.append({"case": case, "metric": "step time, ZB-H1 vs 1F1B (this run)",
+                                 "unit": "ms", "strata": c["strata_ms"],
+                                 "peer": "strata 1F1B, same model", "peer_value":
+                                 plain["strata_ms"], "target": None})
+                    rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}",
+                                 "metric": "bubble, ZB-H1 vs 1F1B (this run)", "unit": "-",
+                                 "strata": c["bubble"], "peer": "strata 1F1B, same model",
+                                 "peer_value": plain["bubble"], "target": None})
+                fiw = " / ".join(f"{statistics.mean(st[j] for st in c['stage_ms']):.1f}"
+                                 for j in range(3))
+                rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}, "
+                                     f"F / I / W {fiw} ms",
+                             "metric": "bubble: |measured - simulated| / simulated", "unit": "-",
+                             "strata": abs(c["bubble"] - c["theory"]) / c["theory"],
+                             "peer": "ZB-H1 simulated with the step's mean F, I, W",
+                             "peer_value": c["theory"], "ratio": None, "target": None})
+                rows.append({"case": f"{case}: measured bubble {c['bubble']:.3f}",
+                             "metric": "bubble: |measured - replay| / replay", "unit": "-",
+                             "strata": abs(c["bubble"] - c["replayed_bubble"])
+                             / c["replayed_bubble"],
+                             "peer": "replay of the step's measured compute, free transfers",
+                             "peer_value": c["replayed_bubble"], "ratio": None,
+                             "target": None})
+                continue
             rows.append({"case": case, "metric": "1F1B step time", "unit": "ms",
                          "strata": c["strata_ms"],
                          "peer": "torch.distributed.pipelining Schedule1F1B (gloo)",
@@ -190,6 +233,12 @@ def main():
              "The same spread outside the pipeline (one microbatch's forward and backward of "
              "a stage, 30 times, first each rank alone while the others wait, then all ranks "
              "at once) shows how much of it the machine adds when both cores compute. "
+             "ZB-H1 rows: strata.pipeline.ScheduleZeroBubble (the backward split into I, "
+             "the input gradient, and W, the weight gradient, placed in the bubbles) against "
+             "torch's ScheduleInterleavedZeroBubble with one stage per rank, on the "
+             "one-rank-per-core MLP; its bubble is compared with ZB-H1's schedule simulated "
+             "with the step's mean F, I and W, and with strata's 1F1B on the same model in "
+             "this run. "
              "glibc is told to keep freed memory (MALLOC_MMAP_THRESHOLD_, "
              f"MALLOC_TRIM_THRESHOLD_) in every process, both libraries alike. This run: {load}.")
     path = bench_util.write_results("pipeline", "python3 benchmarks/run_pipeline.py", rows,
