@@ -117,7 +117,9 @@ class _Activation:
 
     def __init__(self, outputs, leaves, loss, live, records=None):
         self.outputs, self.leaves, self.loss, self._live = outputs, leaves, loss, live
-        self.records = records  # split backward: (module, output) of the forward
+        # Split backward: the forward's (module, output) pairs; after I, the
+        # (output, parameters, gradient) that W needs.
+        self.records = records
         live.now += 1
         live.peak = max(live.peak, live.now)
 
@@ -162,20 +164,21 @@ def _graph(roots):
     return refs, accumulators
 
 
-def _deferrable(records, roots, params):
-    """Which parameters' gradients can wait for W: [(output, [parameters])]
-    for each module run once in the forward whose parameters every path from
-    the loss reaches only through that module's output (their gradients then
-    follow from the output's gradient alone). Every other parameter (used
-    outside its module, shared, behind a module that returns a tuple) gets
-    its gradient in I with the inputs'."""
+def _deferrable(records, graph, params):
+    """Which of ``params`` can have their gradients wait for W: [(output,
+    [parameters])] for each module run once in the forward whose parameters
+    every path from the loss reaches only through that module's output
+    (their gradients then follow from the output's gradient alone).
+    ``graph``: _graph of the roots. Every other parameter (used outside its
+    module, shared, behind a module that returns a tuple) gets its gradient
+    in I with the inputs'."""
     counts = {}
     for module, out in records:
         counts[id(module)] = counts.get(id(module), 0) + 1
     records = [(m, o) for m, o in records if counts[id(m)] == 1 and o.grad_fn is not None]
     fns = [o.grad_fn for _, o in records]
     stops = {f for f in fns if fns.count(f) == 1}
-    refs, accumulators = _graph(roots)
+    refs, accumulators = graph
     wanted = {id(p) for p in params}
     out = []
     for module, o in records:
@@ -388,8 +391,13 @@ class _PipelineSchedule:
         records, act.records = act.records or [], []
         if not roots:
             return
-        params = [p for p in self._stages[index].module.parameters() if p.requires_grad]
-        deferred = _deferrable(records, roots, params)
+        # Every tensor the graph accumulates a gradient into, not only the
+        # module's parameters (a loss_fn's, a closure's, a stage that is a
+        # plain function): those W does not take get theirs here.
+        graph = _graph(roots)
+        inputs = {id(x) for x in act.leaves}
+        params = [n.variable for i, n in graph[1].items() if i not in inputs]
+        deferred = _deferrable(records, graph, params)
         later = {id(p) for _, ps in deferred for p in ps}
         now = [p for p in params if id(p) not in later]
         leaves = [x for x in act.leaves if x.requires_grad]

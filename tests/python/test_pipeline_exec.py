@@ -91,27 +91,34 @@ def test_zero_bubble_defers_only_what_its_module_output_determines():
     finally:
         pe._RECORDER.records = None
     names = {id(p): n for n, p in model.named_parameters()}
-    deferred = pe._deferrable(records, [out.sum()], list(model.parameters()))
+    deferred = pe._deferrable(records, pe._graph([out.sum()]), list(model.parameters()))
     assert sorted(names[id(p)] for _, ps in deferred for p in ps) == [
         "a.bias", "a.weight", "b.bias", "b.weight", "head.bias", "head.weight", "tied.bias"]
 
 
-def test_zero_bubble_gradients_equal_the_whole_backward(world):
+@pytest.mark.parametrize("plain_function", [False, True])
+def test_zero_bubble_gradients_equal_the_whole_backward(world, plain_function):
     reference, piped = Tricky(), Tricky()
-    schedule = pipeline.ScheduleZeroBubble(pipeline.PipelineStage(piped, 0, world), 3,
-                                           lambda out, y: ((out - y) ** 2).mean())
+    # Parameters outside the stage's module: the loss_fn's, and with a plain
+    # function as the stage, all of them (nothing is deferred then).
+    ref_scale = torch.nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+    scale = torch.nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+    stage = (lambda x: piped(x)) if plain_function else piped  # noqa: E731
+    schedule = pipeline.ScheduleZeroBubble(pipeline.PipelineStage(stage, 0, world), 3,
+                                           lambda out, y: ((scale * out - y) ** 2).mean())
     x = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     y = torch.randn(7, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     for _ in range(2):  # gradients accumulate over steps too
         losses = schedule.step(x, y)
         for i, (xi, yi) in enumerate(zip(torch.tensor_split(x, 3), torch.tensor_split(y, 3))):
-            loss = ((reference(xi) - yi) ** 2).mean()
+            loss = ((ref_scale * reference(xi) - yi) ** 2).mean()
             (loss / 3).backward()
             assert torch.allclose(losses[i], loss.detach(), rtol=1e-12, atol=1e-12)
     assert [a.startswith("0I") or a.startswith("0W") or a.startswith("0F")
             for a in schedule.schedule.actions(0)].count(True) == 9
     for (name, a), b in zip(piped.named_parameters(), reference.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-12, atol=1e-12), name
+    assert torch.allclose(scale.grad, ref_scale.grad, rtol=1e-12, atol=1e-12)
 
 
 def test_scale_grads_false_sums_and_steps_accumulate(world):
