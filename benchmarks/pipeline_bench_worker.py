@@ -87,19 +87,18 @@ def loss_fn(out, target):
 _COMPUTE = re.compile(r"(\d+)([FBIW])(\d+)")
 
 
-def kinds_of(timings):
-    """The compute kinds in a step's timings: "FB", or "FIW" for a split
-    backward."""
-    return "FIW" if any(_COMPUTE.fullmatch(t).group(2) == "I" for t, _, _ in timings) else "FB"
+def kind_of(token):
+    """"F", "B", "I" or "W" of a compute action's token."""
+    return _COMPUTE.fullmatch(token).group(2)
 
 
-def compute_spread(timings):
+def compute_spread(timings, kinds):
     """How much this rank's forwards (and backwards) vary within a step:
-    their coefficient of variation, mean over the kinds (0 with fewer than
+    their coefficient of variation, mean over `kinds` (0 with fewer than
     two of each)."""
     cvs = []
-    for kind in kinds_of(timings):
-        d = [e - b for label, b, e in timings if _COMPUTE.fullmatch(label).group(2) == kind]
+    for kind in kinds:
+        d = [e - b for label, b, e in timings if kind_of(label) == kind]
         if len(d) > 1:
             cvs.append(statistics.pstdev(d) / statistics.mean(d))
     return statistics.mean(cvs) if cvs else 0.0
@@ -319,7 +318,7 @@ def main():
                     # Every rank's compute durations, for the replay.
                     mine = torch.tensor([e - b for _, b, e in stats.timings],
                                         dtype=torch.float64)
-                    spread = torch.tensor([compute_spread(stats.timings)],
+                    spread = torch.tensor([compute_spread(stats.timings, kinds)],
                                           dtype=torch.float64)
                     world.group().allreduce(spread, op="avg")
                     every = torch.zeros(p * mine.numel(), dtype=torch.float64)
@@ -342,8 +341,7 @@ def main():
                         # Each rank's mean forward and backward (ms; I
                         # and W for a split backward).
                         fb = torch.tensor([1e3 * statistics.mean(
-                            e - b for label, b, e in stats.timings
-                            if _COMPUTE.fullmatch(label).group(2) == kind)
+                            e - b for label, b, e in stats.timings if kind_of(label) == kind)
                             for kind in kinds], dtype=torch.float64)
                         every_fb = torch.zeros(len(kinds) * p, dtype=torch.float64)
                         world.group().allgather(every_fb, fb)
