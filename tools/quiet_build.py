@@ -65,14 +65,15 @@ def minutes(seconds):
     return f"{int(round(seconds / 60.0))} minutes"
 
 
-def announce(what, steps, first, rate, jobs, label="build"):
+def announce(what, steps, first, rate, jobs, label="build", log_path=None):
     """The lines printed before building `steps` steps."""
     eta = minutes(steps * rate / max(1, jobs))
+    log = f"; log: {log_path}" if log_path else ""
     if first:
-        return (f"{label}: building {what} ({steps} steps on {jobs} cores)\n"
+        return (f"{label}: building {what} ({steps} steps on {jobs} cores{log})\n"
                 f"{label}: first build: about {eta} on this machine (less where ccache already "
                 f"holds the objects); later runs only rebuild what changed")
-    return f"{label}: rebuilding what changed in {what}: {steps} steps, about {eta}"
+    return f"{label}: rebuilding what changed in {what}: {steps} steps, about {eta}{log}"
 
 
 def _clip(text, width):
@@ -188,7 +189,8 @@ def main(argv=None):
     every = subprocess.run(["ninja", "-C", build, "-t", "commands", a.target],
                            capture_output=True, text=True).stdout.count("\n")
     first = steps >= every // 2
-    print(announce(what, steps, first, step_core_seconds(build), a.jobs, a.label), flush=True)
+    print(announce(what, steps, first, step_core_seconds(build), a.jobs, a.label, log_path),
+          flush=True)
     start = time.monotonic()
     rc = run_with_progress(["cmake", "--build", build, "--target", a.target, "-j", str(a.jobs)],
                            log_path, label=a.label)

@@ -172,10 +172,10 @@ def test_a_real_build_first_then_up_to_date(tmp_path):
     first = subprocess.run(cmd, capture_output=True, text=True)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "demo: configuring" in first.stdout
-    assert "demo: building the tiny library (13 steps on 2 cores)" in first.stdout
+    log = build / "strata_demo-build.log"
+    assert f"demo: building the tiny library (13 steps on 2 cores; log: {log})" in first.stdout
     assert "demo: first build: about" in first.stdout
     assert "demo: done in" in first.stdout
-    log = build / "strata_demo-build.log"
     # Not a terminal here: at most a line per tenth of the way; the log has all.
     assert len(re.findall(r"^\[ *\d+/13\]", log.read_text(), re.M)) == 13
     assert len(re.findall(r"^\[ *\d+/13\]", first.stdout, re.M)) <= 11

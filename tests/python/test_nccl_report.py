@@ -131,6 +131,18 @@ def test_strata_nccl_library_names_the_file():
     check_everywhere(d)
 
 
+def test_a_file_asked_for_by_the_caller_names_the_option():
+    path = no_torch()["found"]["path"]
+    code = ("import json, strata, strata.nccl; "
+            f"print(json.dumps(strata.nccl.find({path!r})))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if k != "STRATA_NCCL_LIBRARY"})
+    assert r.returncode == 0, r.stderr
+    found = json.loads(r.stdout)
+    assert found["source"] == "option" and found["path"] == path
+    assert "NcclOptions::library" in found["reason"] and "strata.nccl.library(path)" in found["reason"]
+
+
 def test_ld_library_path_entry_is_named(tmp_path):
     path = no_torch()["found"]["path"]
     (tmp_path / "libnccl.so.2").symlink_to(path)
