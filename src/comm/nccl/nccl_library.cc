@@ -81,7 +81,9 @@ absl::StatusOr<std::unique_ptr<NcclApi>> Open(const LibraryChoice& choice) {
   return api;
 }
 
-// The process's table, once Load resolved it.
+// The process's table, once Load resolved it. Process-wide because the
+// library is (one NCCL per process, never unloaded; see the header); the
+// atomic lets reports (FindNcclLibrary) ask without taking the lock.
 struct Resolved {
   std::mutex mu;
   std::atomic<const NcclApi*> api{nullptr};
