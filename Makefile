@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 all: build
 
 help:
-	@echo "make demo      install what is missing, build, train on $(NP) CPU ranks (LAUNCHER=mpirun or torchrun)"
+	@echo "make demo      install what is missing, build what the demo needs, train on $(NP) CPU ranks (LAUNCHER=mpirun or torchrun)"
 	@echo "make test      install what is missing, build, run every test"
 	@echo "make bench     run every benchmark; results in benchmarks/results/, benchmarks/RESULTS.md"
 	@echo "make sanitize  build under ASan+UBSan (build-asan/) and TSan (build-tsan/), run the tests"
@@ -50,7 +50,14 @@ fuzz-short: deps
 	@cmake --build build-fuzz -j $(JOBS)
 	cd build-fuzz && ctest -j $(JOBS) --output-on-failure
 
-demo: build
+# The demo builds only what it runs (the CMake target strata_demo: libstrata,
+# the Python extension and package, the Gloo plugin), not the tests and
+# benchmarks that `make build` / `make test` build. tools/quiet_build.py says
+# what it builds and about how long it takes, shows one progress line and
+# keeps the full log in $(BUILD)/strata_demo-build.log.
+demo: deps
+	@$(PYTHON) tools/quiet_build.py --build $(BUILD) --target strata_demo --jobs $(JOBS) \
+	  --label demo --what "the library and the Python extension" -- $(CMAKE_ARGS)
 	@tools/run_demo.sh --launcher $(LAUNCHER) --np $(NP) --mpirun "$(MPIRUN)"
 
 bench: build

@@ -95,13 +95,19 @@ endif()
 # Prefer the Open MPI 5 wheel from PyPI (installed into the machine's Python by
 # tools/install_deps.sh): it carries ULFM (MPIX_Comm_revoke/shrink/agree).
 # STRATA_MPI_HOME overrides; otherwise fall back to FindMPI (e.g. Debian's 4.1).
+# In a virtual environment the wheel may be in the environment or, with
+# --system-site-packages, in the base interpreter's prefix: look in both.
 if(NOT STRATA_MPI_HOME AND Python3_Interpreter_FOUND)
   execute_process(
-    COMMAND ${Python3_EXECUTABLE} -c "import sysconfig; print(sysconfig.get_paths()['data'])"
-    OUTPUT_VARIABLE _py_data OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-  if(EXISTS "${_py_data}/include/mpi.h" AND EXISTS "${_py_data}/lib/libmpi.so")
-    set(STRATA_MPI_HOME "${_py_data}" CACHE PATH "Open MPI installation prefix")
-  endif()
+    COMMAND ${Python3_EXECUTABLE} -c
+            "import sys, sysconfig; print(sysconfig.get_paths()['data'] + ';' + sys.base_prefix)"
+    OUTPUT_VARIABLE _py_prefixes OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  foreach(_py_data IN LISTS _py_prefixes)
+    if(EXISTS "${_py_data}/include/mpi.h" AND EXISTS "${_py_data}/lib/libmpi.so")
+      set(STRATA_MPI_HOME "${_py_data}" CACHE PATH "Open MPI installation prefix")
+      break()
+    endif()
+  endforeach()
 endif()
 set(_mpi_found FALSE)
 if(NOT "${STRATA_WITH_MPI}" STREQUAL "OFF")

@@ -6,7 +6,8 @@ in-process recovery from failed ranks. See README.md and docs/.
 """
 
 from . import errors, pipeline
-from ._strata import LaunchEnv, Mesh, available_backends, build_info, launch_env
+from ._strata import LaunchEnv, Mesh, available_backends, launch_env
+from ._strata import build_info as _build_info
 from .comm import Group, Work, World, init
 from .errors import (
     CheckpointError,
@@ -22,7 +23,26 @@ from .errors import (
 from . import topology  # noqa: E402  (needs _strata loaded)
 from . import store  # noqa: E402  (needs _strata loaded)
 
-__version__ = build_info()["version"]
+__version__ = _build_info()["version"]
+
+
+def build_info():
+    """What this build of strata contains: ``version`` and the compiled-in
+    backends (``cuda``, ``nccl``, ``mpi``, ``ulfm``, ``gloo``: bools). With
+    the NCCL backend, ``nccl_library`` is the libnccl this process uses (or
+    would load) as :func:`strata.nccl.find` returns it (``path``,
+    ``version``, ``source``, ``reason``), or ``{"error": ...}`` when none
+    loads; None without the backend."""
+    info = dict(_build_info())
+    info["nccl_library"] = None
+    if info["nccl"]:
+        from . import nccl
+
+        try:
+            info["nccl_library"] = nccl.find()
+        except CommError as e:
+            info["nccl_library"] = {"error": str(e)}
+    return info
 
 __all__ = [
     "init",

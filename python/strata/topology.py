@@ -71,7 +71,23 @@ class TopologyReport:
 
     @property
     def nccl_version(self) -> str:
+        """The NCCL version the profile and lint are for ("2.30.7")."""
         return self.data["nccl_version"]
+
+    @property
+    def nccl_version_source(self) -> str:
+        """Where :attr:`nccl_version` came from ("ncclGetVersion() of <path>",
+        "given; ...", or why no libnccl was found)."""
+        return self.data["nccl_version_source"]
+
+    @property
+    def nccl_library(self) -> Optional[Dict]:
+        """The libnccl the version was read from: ``{"path", "version",
+        "source", "reason"}`` (as :func:`strata.nccl.find`), or None when the
+        version was given or no libnccl was found. Which file a process uses
+        depends on how it was started (torch imported or not,
+        ``STRATA_NCCL_LIBRARY``, ``LD_LIBRARY_PATH``); ``reason`` says why."""
+        return self.data["nccl_library"]
 
     @property
     def profile(self) -> List[ProfileEntry]:
@@ -124,7 +140,9 @@ def detect(sysfs_root=None, *, nvidia_smi=None, xml=None, use_nvml: Optional[boo
 
     With ``sysfs_root`` and ``nvidia_smi`` both given, PCIe and NICs come from the
     tree and GPU links from the text. ``env`` replaces ``os.environ`` for the lint;
-    ``nccl_version`` ("2.28.9") defaults to the libnccl loaded in this process.
+    ``nccl_version`` ("2.28.9") defaults to the libnccl this process uses (by
+    the NCCL backend's rule: torch's when torch is imported), which
+    :attr:`TopologyReport.nccl_library` names with the reason.
     """
     o = _options(sysfs_root, None, xml, use_nvml, scope, nccl_version, env, files,
                  read_conf_files, None, None)

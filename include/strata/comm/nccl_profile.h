@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "strata/base/export.h"
+#include "strata/comm/nccl.h"
 #include "strata/comm/nccl_settings.h"
 #include "strata/comm/topology.h"
 
@@ -163,8 +164,11 @@ struct STRATA_EXPORT NcclCommSetupOptions {
   bool nonblocking = true;
   DetectOptions detect;
   ClassifyOptions classify;
-  // The loaded NCCL's version; unset asks LoadedNcclVersion().
+  // The loaded NCCL's version; unset asks FindNcclLibrary().
   std::optional<NcclVersion> nccl_version;
+  // The file nccl_version came from and why, for the log line (the NCCL
+  // backend passes the library it loaded).
+  std::optional<NcclLibraryInfo> nccl_library;
   // Where the once-per-process log lines go; null writes to stderr.
   std::function<void(absl::string_view)> log;
 };

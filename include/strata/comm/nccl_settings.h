@@ -56,10 +56,12 @@ struct STRATA_EXPORT NcclVersion {
 // was checked against.
 STRATA_EXPORT NcclVersion NewestKnownNcclVersion();
 
-// ncclGetVersion() of the libnccl already loaded in this process (torch's,
-// say), else of `library` loaded with dlopen. NotFound when neither exists.
-STRATA_EXPORT absl::StatusOr<NcclVersion> LoadedNcclVersion(
-    const std::string& library = "libnccl.so.2");
+// ncclGetVersion() of the libnccl this process uses, by the NCCL backend's
+// rule (strata/comm/nccl.h: the copy already loaded, torch's say, else
+// `library`, $STRATA_NCCL_LIBRARY, libnccl.so.2 from the search path, the
+// one strata was built against). FindNcclLibrary also says which file and
+// why; reports should use it. NotFound when none loads.
+STRATA_EXPORT absl::StatusOr<NcclVersion> LoadedNcclVersion(const std::string& library = "");
 
 enum class SettingSource : uint8_t {
   kEnvironment,  // the process environment

@@ -10,7 +10,8 @@
 //   return r->lint.errors() > 0 ? 1 : 0;
 //
 // JSON object: {"class", "class_description", "reason", "intra_node",
-// "network", "source", "nccl_version", "nccl_version_source", "gpus",
+// "network", "source", "nccl_version", "nccl_version_source",
+// "nccl_library": {"path", "version", "source", "reason"} or null, "gpus",
 // "nics", "matrix": {"labels", "cells"}, "legend", "gpudirect", "notes",
 // "profile": [{"name", "value", "reason", "target", "user_set", ...}],
 // "profile_notes", "lint": [{"name", "value", "severity", "message", "fix",
@@ -28,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "strata/base/export.h"
+#include "strata/comm/nccl.h"
 #include "strata/comm/nccl_lint.h"
 #include "strata/comm/nccl_profile.h"
 #include "strata/comm/nccl_settings.h"
@@ -43,8 +45,9 @@ struct STRATA_EXPORT TopoReportOptions {
   std::string from_xml;         // NCCL topology XML
   DetectOptions detect;         // sysfs root, NVML
   ClassifyOptions classify;
-  // The NCCL to lint for; unset asks the loaded libnccl, then falls back to
-  // the newest version strata knows (the report says which).
+  // The NCCL to lint for; unset asks the libnccl this process uses (by the
+  // NCCL backend's rule, FindNcclLibrary), then falls back to the newest
+  // version strata knows (the report says which, and which file).
   std::optional<NcclVersion> nccl_version;
   // Settings: the process environment (or this map) and NCCL's files.
   std::optional<std::map<std::string, std::string>> environment;
@@ -58,7 +61,11 @@ struct STRATA_EXPORT TopoReportOptions {
 struct STRATA_EXPORT TopoReport {
   Topology topology;
   NcclVersion nccl_version;
+  // "given; ...", "ncclGetVersion() of <path>", or why none was found.
   std::string nccl_version_source;
+  // The file the version came from and why it is the one (unset when the
+  // version was given or no libnccl was found).
+  std::optional<NcclLibraryInfo> nccl_library;
   EffectiveSettings settings;
   NcclProfile profile;
   LintReport lint;

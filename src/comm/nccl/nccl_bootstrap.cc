@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
   setup_options.apply_profile = options.nccl.apply_profile;
   setup_options.comm_name = options.comm.name;
   setup_options.nccl_version = api->version;
+  setup_options.nccl_library = NcclLibraryInfo{api->path, api->version, api->source, api->reason};
   absl::StatusOr<NcclCommSetup> setup = PrepareNcclCommunicator(setup_options);
   if (setup.ok()) {
     family->profile = setup->config;

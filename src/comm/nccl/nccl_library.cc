@@ -1,52 +1,22 @@
 #include "comm/nccl/nccl_library.h"
 
 #include <dlfcn.h>
-#include <link.h>
-#include <stdlib.h>
 
-#include <climits>
-#include <cstdlib>
+#include <atomic>
 #include <memory>
 #include <mutex>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
+#include "strata/base/status.h"
 
 namespace strata::nccl {
 namespace {
 
-std::string RealPath(const std::string& path) {
-  char buf[PATH_MAX];
-  if (path.empty() || realpath(path.c_str(), buf) == nullptr) return "";
-  return buf;
-}
-
-int CollectMapped(struct dl_phdr_info* info, size_t, void* data) {
-  auto* out = static_cast<std::vector<MappedLibrary>*>(data);
-  if (info->dlpi_name == nullptr || !IsNcclLibraryName(info->dlpi_name)) return 0;
-  MappedLibrary lib{info->dlpi_name, RealPath(info->dlpi_name)};
-  if (lib.real_path.empty()) lib.real_path = lib.path;
-  for (const MappedLibrary& seen : *out) {
-    if (seen.real_path == lib.real_path) return 0;
-  }
-  out->push_back(std::move(lib));
-  return 0;
-}
-
-std::string Paths(absl::Span<const MappedLibrary> mapped) {
+std::string Paths(const std::vector<MappedLibrary>& mapped) {
   return absl::StrJoin(mapped, ", ", [](std::string* out, const MappedLibrary& m) {
     absl::StrAppend(out, m.real_path);
   });
-}
-
-std::string BuiltLibrary() {
-#ifdef STRATA_NCCL_BUILT_LIBRARY
-  return STRATA_NCCL_BUILT_LIBRARY;
-#else
-  return "";
-#endif
 }
 
 template <typename F>
@@ -54,141 +24,85 @@ void Bind(void* handle, const char* name, F* slot) {
   *slot = reinterpret_cast<F>(dlsym(handle, name));
 }
 
-absl::StatusOr<std::unique_ptr<NcclApi>> Open(const LibraryChoice& choice) {
-  std::vector<std::string> failures;
-  for (const std::string& path : choice.candidates) {
-    const int flags = RTLD_NOW | RTLD_LOCAL | (choice.already_mapped ? RTLD_NOLOAD : 0);
-    void* handle = dlopen(path.c_str(), flags);
-    if (handle == nullptr) {
-      const char* err = dlerror();
-      failures.push_back(absl::StrCat(path, ": ", err ? err : "cannot open"));
-      continue;
-    }
-    auto api = std::make_unique<NcclApi>();
-    api->reason = choice.reason;
-    // The file the loader found (a bare "libnccl.so.2" names no file).
-    struct link_map* map = nullptr;
-    std::string file = path;
-    if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
-        *map->l_name != '\0') {
-      file = map->l_name;
-    }
-    api->path = RealPath(file).empty() ? file : RealPath(file);
-    // The table is process-wide and never unloaded (see the header), so the
-    // handle is intentionally kept open.
-    Bind(handle, "ncclGetVersion", &api->GetVersion);
-    Bind(handle, "ncclGetUniqueId", &api->GetUniqueId);
-    Bind(handle, "ncclCommInitRankConfig", &api->CommInitRankConfig);
-    Bind(handle, "ncclCommInitRankScalable", &api->CommInitRankScalable);
-    Bind(handle, "ncclCommSplit", &api->CommSplit);
-    Bind(handle, "ncclCommShrink", &api->CommShrink);
-    Bind(handle, "ncclCommRevoke", &api->CommRevoke);
-    Bind(handle, "ncclCommAbort", &api->CommAbort);
-    Bind(handle, "ncclCommFinalize", &api->CommFinalize);
-    Bind(handle, "ncclCommDestroy", &api->CommDestroy);
-    Bind(handle, "ncclCommGetAsyncError", &api->CommGetAsyncError);
-    Bind(handle, "ncclCommCount", &api->CommCount);
-    Bind(handle, "ncclCommUserRank", &api->CommUserRank);
-    Bind(handle, "ncclGetErrorString", &api->GetErrorString);
-    Bind(handle, "ncclGetLastError", &api->GetLastError);
-    Bind(handle, "ncclAllReduce", &api->AllReduce);
-    Bind(handle, "ncclBroadcast", &api->Broadcast);
-    Bind(handle, "ncclReduce", &api->Reduce);
-    Bind(handle, "ncclAllGather", &api->AllGather);
-    Bind(handle, "ncclReduceScatter", &api->ReduceScatter);
-    Bind(handle, "ncclSend", &api->Send);
-    Bind(handle, "ncclRecv", &api->Recv);
-    Bind(handle, "ncclGroupStart", &api->GroupStart);
-    Bind(handle, "ncclGroupEnd", &api->GroupEnd);
-    // Everything but the newer fault-handling and init calls is in every
-    // NCCL that has nonblocking communicators (2.14+).
-    const bool complete = api->GetVersion && api->GetUniqueId && api->CommInitRankConfig &&
-                          api->CommSplit && api->CommAbort && api->CommFinalize &&
-                          api->CommDestroy && api->CommGetAsyncError && api->CommCount &&
-                          api->CommUserRank && api->GetErrorString && api->AllReduce &&
-                          api->Broadcast && api->Reduce && api->AllGather && api->ReduceScatter &&
-                          api->Send && api->Recv && api->GroupStart && api->GroupEnd;
-    if (!complete) {
-      failures.push_back(absl::StrCat(
-          path,
-          ": lacks the NCCL calls strata needs (ncclCommInitRankConfig, ncclCommSplit, "
-          "ncclSend/ncclRecv, ...); NCCL 2.18 or newer is required"));
-      continue;
-    }
-    int code = 0;
-    if (api->GetVersion(&code) != ncclSuccess || code <= 0) {
-      failures.push_back(absl::StrCat(path, ": ncclGetVersion failed"));
-      continue;
-    }
-    api->version = NcclVersion::FromCode(code);
-    return api;
+// Binds every entry point of an opened libnccl; an error when one that
+// every supported NCCL has is missing.
+absl::Status BindAll(void* handle, NcclApi* api) {
+  Bind(handle, "ncclGetVersion", &api->GetVersion);
+  Bind(handle, "ncclGetUniqueId", &api->GetUniqueId);
+  Bind(handle, "ncclCommInitRankConfig", &api->CommInitRankConfig);
+  Bind(handle, "ncclCommInitRankScalable", &api->CommInitRankScalable);
+  Bind(handle, "ncclCommSplit", &api->CommSplit);
+  Bind(handle, "ncclCommShrink", &api->CommShrink);
+  Bind(handle, "ncclCommRevoke", &api->CommRevoke);
+  Bind(handle, "ncclCommAbort", &api->CommAbort);
+  Bind(handle, "ncclCommFinalize", &api->CommFinalize);
+  Bind(handle, "ncclCommDestroy", &api->CommDestroy);
+  Bind(handle, "ncclCommGetAsyncError", &api->CommGetAsyncError);
+  Bind(handle, "ncclCommCount", &api->CommCount);
+  Bind(handle, "ncclCommUserRank", &api->CommUserRank);
+  Bind(handle, "ncclGetErrorString", &api->GetErrorString);
+  Bind(handle, "ncclGetLastError", &api->GetLastError);
+  Bind(handle, "ncclAllReduce", &api->AllReduce);
+  Bind(handle, "ncclBroadcast", &api->Broadcast);
+  Bind(handle, "ncclReduce", &api->Reduce);
+  Bind(handle, "ncclAllGather", &api->AllGather);
+  Bind(handle, "ncclReduceScatter", &api->ReduceScatter);
+  Bind(handle, "ncclSend", &api->Send);
+  Bind(handle, "ncclRecv", &api->Recv);
+  Bind(handle, "ncclGroupStart", &api->GroupStart);
+  Bind(handle, "ncclGroupEnd", &api->GroupEnd);
+  // Everything but the newer fault-handling and init calls is in every
+  // NCCL that has nonblocking communicators (2.14+).
+  const bool complete = api->GetVersion && api->GetUniqueId && api->CommInitRankConfig &&
+                        api->CommSplit && api->CommAbort && api->CommFinalize && api->CommDestroy &&
+                        api->CommGetAsyncError && api->CommCount && api->CommUserRank &&
+                        api->GetErrorString && api->AllReduce && api->Broadcast && api->Reduce &&
+                        api->AllGather && api->ReduceScatter && api->Send && api->Recv &&
+                        api->GroupStart && api->GroupEnd;
+  if (!complete) {
+    return absl::FailedPreconditionError(
+        "lacks the NCCL calls strata needs (ncclCommInitRankConfig, ncclCommSplit, "
+        "ncclSend/ncclRecv, ...); NCCL 2.18 or newer is required");
   }
-  return absl::NotFoundError(absl::StrCat("cannot load NCCL (", choice.reason,
-                                          "); tried: ", absl::StrJoin(failures, "; ")));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclApi>> Open(const LibraryChoice& choice) {
+  auto api = std::make_unique<NcclApi>();
+  // The table is process-wide and never unloaded (see the header), so the
+  // handle is intentionally kept open.
+  STRATA_ASSIGN_OR_RETURN(OpenedLibrary opened, OpenNcclLibrary(choice, [&api](void* handle) {
+                            return BindAll(handle, api.get());
+                          }));
+  api->path = opened.info.path;
+  api->version = opened.info.version;
+  api->source = opened.info.source;
+  api->reason = opened.info.reason;
+  return api;
+}
+
+// The process's table, once Load resolved it. Process-wide because the
+// library is (one NCCL per process, never unloaded; see the header); the
+// atomic lets reports (FindNcclLibrary) ask without taking the lock.
+struct Resolved {
+  std::mutex mu;
+  std::atomic<const NcclApi*> api{nullptr};
+};
+
+Resolved& Process() {
+  static Resolved* const r = new Resolved();
+  return *r;
 }
 
 }  // namespace
 
-bool IsNcclLibraryName(absl::string_view path) {
-  const size_t slash = path.rfind('/');
-  absl::string_view base = slash == absl::string_view::npos ? path : path.substr(slash + 1);
-  if (!absl::ConsumePrefix(&base, "libnccl.so")) return false;
-  // "libnccl.so", or "libnccl.so." followed by a version.
-  return base.empty() || base[0] == '.';
-}
-
-std::vector<MappedLibrary> MappedNcclLibraries() {
-  std::vector<MappedLibrary> out;
-  dl_iterate_phdr(&CollectMapped, &out);
-  return out;
-}
-
-absl::StatusOr<LibraryChoice> ChooseNcclLibrary(
-    absl::Span<const MappedLibrary> mapped, const LibraryRequest& request,
-    std::string (*real_path_of)(const std::string& path)) {
-  if (mapped.size() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "two copies of NCCL are loaded in this process (", Paths(mapped),
-        "); NCCL keeps process-wide state, so strata refuses to run with both. Load only one: "
-        "in Python import torch first and do not preload another libnccl (LD_PRELOAD, "
-        "LD_LIBRARY_PATH pointing at a second NCCL)"));
-  }
-  const std::string& explicit_request = !request.option.empty() ? request.option : request.env;
-  const char* explicit_origin =
-      !request.option.empty() ? "NcclOptions::library" : "STRATA_NCCL_LIBRARY";
-  if (mapped.size() == 1) {
-    if (!explicit_request.empty()) {
-      const std::string wanted = real_path_of(explicit_request);
-      if (wanted != mapped[0].real_path) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            explicit_origin, " asks for ", explicit_request,
-            wanted.empty() ? " (not found)" : absl::StrCat(" (", wanted, ")"),
-            ", but this process already loaded NCCL from ", mapped[0].real_path,
-            "; one NCCL per process: unset ", explicit_origin, " to use the loaded one"));
-      }
-    }
-    return LibraryChoice{true, {mapped[0].path}, "already loaded in this process"};
-  }
-  LibraryChoice choice;
-  if (!explicit_request.empty()) {
-    choice.candidates.push_back(explicit_request);
-    choice.reason = absl::StrCat("from ", explicit_origin);
-    return choice;
-  }
-  choice.candidates.push_back("libnccl.so.2");
-  choice.reason = "libnccl.so.2 from the library search path";
-  if (!request.built.empty()) {
-    choice.candidates.push_back(request.built);
-    absl::StrAppend(&choice.reason, ", else the one strata was built against");
-  }
-  return choice;
-}
+const NcclApi* NcclApi::Loaded() { return Process().api.load(std::memory_order_acquire); }
 
 absl::StatusOr<const NcclApi*> NcclApi::Load(const std::string& library) {
   // One table per process, since there is one libnccl per process.
-  static std::mutex mu;
-  static NcclApi* loaded = nullptr;
-  std::lock_guard<std::mutex> lock(mu);
+  Resolved& process = Process();
+  std::lock_guard<std::mutex> lock(process.mu);
+  const NcclApi* loaded = process.api.load(std::memory_order_relaxed);
   const std::vector<MappedLibrary> mapped = MappedNcclLibraries();
   if (loaded != nullptr) {
     // A second copy may have been mapped since (a library imported later).
@@ -206,11 +120,8 @@ absl::StatusOr<const NcclApi*> NcclApi::Load(const std::string& library) {
     }
     return loaded;
   }
-  LibraryRequest request;
-  request.option = library;
-  if (const char* env = std::getenv("STRATA_NCCL_LIBRARY")) request.env = env;
-  request.built = BuiltLibrary();
-  absl::StatusOr<LibraryChoice> choice = ChooseNcclLibrary(mapped, request, &RealPath);
+  absl::StatusOr<LibraryChoice> choice = ChooseNcclLibrary(
+      MappedNcclLibraries(/*with_linkers=*/true), RequestFromEnvironment(library), &RealPath);
   if (!choice.ok()) return choice.status();
   absl::StatusOr<std::unique_ptr<NcclApi>> api = Open(*choice);
   if (!api.ok()) return api.status();
@@ -223,6 +134,7 @@ absl::StatusOr<const NcclApi*> NcclApi::Load(const std::string& library) {
                                                       Paths(after), "); one NCCL per process"));
   }
   loaded = api->release();  // lives for the process, like the library
+  process.api.store(loaded, std::memory_order_release);
   return loaded;
 }
 

@@ -10,6 +10,8 @@
 //   2. else NcclOptions::library, else $STRATA_NCCL_LIBRARY, else
 //      "libnccl.so.2" from the library search path, else the library strata
 //      was built against.
+// The rule itself, and the reason each file gets, are in comm/nccl_locate.h,
+// which reports of the NCCL version share.
 // Two different libnccl files mapped at once (distinct real paths), or an
 // explicit request for a library other than the one in use, is refused with
 // FailedPrecondition naming both paths.
@@ -32,63 +34,19 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
+#include "comm/nccl_locate.h"
+#include "strata/comm/nccl.h"
 #include "strata/comm/nccl_settings.h"
 
 namespace strata::nccl {
-
-// A libnccl mapped into the process: the path the loader recorded, and its
-// real path (symlinks resolved), which identifies the copy.
-struct MappedLibrary {
-  std::string path;
-  std::string real_path;
-};
-
-// The libnccl files mapped into this process now (dl_iterate_phdr), one per
-// real path. Network plugins (libnccl-net*.so) and tuner plugins are not
-// NCCL itself and are left out.
-std::vector<MappedLibrary> MappedNcclLibraries();
-
-// True for the file name of NCCL itself: "libnccl.so", "libnccl.so.2",
-// "libnccl.so.2.28.9" (any directory); false for plugins such as
-// "libnccl-net.so".
-bool IsNcclLibraryName(absl::string_view path);
-
-// Where the library comes from, for ChooseNcclLibrary.
-struct LibraryRequest {
-  // NcclOptions::library (empty: none).
-  std::string option;
-  // $STRATA_NCCL_LIBRARY (empty: unset).
-  std::string env;
-  // The library strata was built against (empty: unknown).
-  std::string built;
-};
-
-// What to dlopen, in order: the first that opens wins.
-struct LibraryChoice {
-  // True when `candidates` holds the one copy already mapped (open it with
-  // RTLD_NOLOAD).
-  bool already_mapped = false;
-  std::vector<std::string> candidates;
-  // Why, for the log line: "already loaded in this process (by torch?)".
-  std::string reason;
-};
-
-// The rule above as a pure function. `mapped`: MappedNcclLibraries().
-// `real_path_of` resolves a requested path to compare it with a mapped one
-// (returns empty when the file does not exist). FailedPrecondition when two
-// copies are mapped, or when the request names a file other than the
-// mapped copy.
-absl::StatusOr<LibraryChoice> ChooseNcclLibrary(
-    absl::Span<const MappedLibrary> mapped, const LibraryRequest& request,
-    std::string (*real_path_of)(const std::string& path));
 
 // The NCCL entry points strata calls. Those that an older NCCL lacks
 // (revoke, shrink, scalable init) are null there.
 struct NcclApi {
   std::string path;     // the file in use
   NcclVersion version;  // ncclGetVersion()
-  std::string reason;   // why this file (see LibraryChoice)
+  NcclLibrarySource source = NcclLibrarySource::kSearchPath;
+  std::string reason;  // why this file (see comm/nccl_locate.h)
 
   decltype(&::ncclGetVersion) GetVersion = nullptr;
   decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
@@ -121,6 +79,8 @@ struct NcclApi {
   // empty, names the copy in use. NotFound when no libnccl can be loaded
   // (naming every candidate tried and dlerror).
   static absl::StatusOr<const NcclApi*> Load(const std::string& library);
+  // The table Load resolved, or null before the first successful Load.
+  static const NcclApi* Loaded();
 };
 
 // The version gates of the fault-handling calls (DESIGN.md): shrink needs

@@ -75,13 +75,18 @@ absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions
   STRATA_ASSIGN_OR_RETURN(const bool opted_out, OptedOut(options));
   if (!proc.done) {
     NcclVersion version = NewestKnownNcclVersion();
-    std::string version_source = "newest version strata knows; no libnccl found";
+    std::string version_source;
     if (options.nccl_version) {
       version = *options.nccl_version;
-      version_source = "given by the caller";
-    } else if (absl::StatusOr<NcclVersion> loaded = LoadedNcclVersion(); loaded.ok()) {
-      version = *loaded;
-      version_source = "ncclGetVersion()";
+      version_source = options.nccl_library ? absl::StrCat("from ", options.nccl_library->path,
+                                                           ": ", options.nccl_library->reason)
+                                            : "given by the caller";
+    } else if (absl::StatusOr<NcclLibraryInfo> lib = FindNcclLibrary(); lib.ok()) {
+      version = lib->version;
+      version_source = absl::StrCat("from ", lib->path, ": ", lib->reason);
+    } else {
+      version_source =
+          absl::StrCat("newest version strata knows; no libnccl found: ", lib.status().message());
     }
     absl::StatusOr<Topology> topo = DetectTopology(options.detect);
     if (!topo.ok()) return internal::Annotate(topo.status(), "detecting the topology for NCCL");

@@ -42,15 +42,20 @@ absl::StatusOr<TopoReport> BuildTopoReport(const TopoReportOptions& options) {
     STRATA_ASSIGN_OR_RETURN(r.topology, DetectTopology(options.detect));
   }
 
+  // Which libnccl a process uses depends on how it was started (torch
+  // imported or not, LD_LIBRARY_PATH, STRATA_NCCL_LIBRARY), so the report
+  // names the file and the reason, by the NCCL backend's own rule.
   if (options.nccl_version) {
     r.nccl_version = *options.nccl_version;
-    r.nccl_version_source = "given";
-  } else if (absl::StatusOr<NcclVersion> v = LoadedNcclVersion(); v.ok()) {
-    r.nccl_version = *v;
-    r.nccl_version_source = "ncclGetVersion() of libnccl.so.2";
+    r.nccl_version_source = "given; no libnccl was loaded for this report";
+  } else if (absl::StatusOr<NcclLibraryInfo> lib = FindNcclLibrary(); lib.ok()) {
+    r.nccl_version = lib->version;
+    r.nccl_version_source = absl::StrCat("ncclGetVersion() of ", lib->path);
+    r.nccl_library = *std::move(lib);
   } else {
     r.nccl_version = NewestKnownNcclVersion();
-    r.nccl_version_source = "no libnccl.so.2 found; linting for the newest NCCL strata knows";
+    r.nccl_version_source = absl::StrCat("no libnccl found (", lib.status().message(),
+                                         "); linting for the newest NCCL strata knows");
   }
 
   CollectOptions collect;
@@ -91,8 +96,13 @@ std::string RenderTopoReportText(const TopoReport& r) {
   absl::StrAppend(&out, "\nClass: ", TopologyClassName(c.cls), " -- ",
                   TopologyClassDescription(c.cls), "\n  seen: ", c.reason, "\n");
 
-  absl::StrAppend(&out, "\nNCCL ", r.nccl_version.ToString(), " (", r.nccl_version_source,
-                  ")\n\nProfile (what strata tells NCCL on this class, and why):\n");
+  if (r.nccl_library) {
+    absl::StrAppend(&out, "\nNCCL ", r.nccl_version.ToString(), " from ", r.nccl_library->path,
+                    "\n  why this file: ", r.nccl_library->reason, "\n");
+  } else {
+    absl::StrAppend(&out, "\nNCCL ", r.nccl_version.ToString(), " (", r.nccl_version_source, ")\n");
+  }
+  absl::StrAppend(&out, "\nProfile (what strata tells NCCL on this class, and why):\n");
   bool any = false;
   for (const NcclProfileEntry& e : r.profile.entries) {
     any = true;
@@ -152,6 +162,14 @@ std::string RenderTopoReportJson(const TopoReport& r, int indent) {
   j["source"] = t.source;
   j["nccl_version"] = r.nccl_version.ToString();
   j["nccl_version_source"] = r.nccl_version_source;
+  if (r.nccl_library) {
+    j["nccl_library"] = {{"path", r.nccl_library->path},
+                         {"version", r.nccl_library->version.ToString()},
+                         {"source", NcclLibrarySourceName(r.nccl_library->source)},
+                         {"reason", r.nccl_library->reason}};
+  } else {
+    j["nccl_library"] = nullptr;
+  }
   j["gpus"] = json::array();
   for (const Gpu& g : t.gpus) {
     j["gpus"].push_back({{"index", g.index},

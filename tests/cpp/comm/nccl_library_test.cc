@@ -1,6 +1,7 @@
-// The NCCL backend's CPU-testable logic: which libnccl a process uses (and
-// the refusal to mix two), the version gates, ncclConfig_t from the
-// topology profile, and the dtype/op mapping. Each TEST runs in a process of
+// The NCCL backend's CPU-testable logic: loading the process's libnccl (and
+// the refusal to mix two; the rule itself is tested in nccl_locate_test),
+// the version gates, ncclConfig_t from the topology profile, and the
+// dtype/op mapping. Each TEST runs in a process of
 // its own (gtest_discover_tests), so loading NCCL in one does not leak into
 // another.
 #include "comm/nccl/nccl_library.h"
@@ -16,6 +17,7 @@
 #include "comm/nccl/nccl_config.h"
 #include "comm/topology/nccl_setup_internal.h"
 #include "strata/base/dtype.h"
+#include "strata/comm/nccl.h"
 #include "strata/comm/nccl_profile.h"
 
 namespace strata::nccl {
@@ -26,86 +28,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 namespace fs = std::filesystem;
-
-std::string FakeRealPath(const std::string& path) {
-  if (path == "/opt/a/libnccl.so.2" || path == "/opt/a/libnccl.so.2.30.7") {
-    return "/opt/a/libnccl.so.2.30.7";
-  }
-  if (path == "/usr/lib/libnccl.so.2") return "/usr/lib/libnccl.so.2.28.9";
-  return "";
-}
-
-TEST(NcclLibraryName, NcclItselfButNotItsPlugins) {
-  EXPECT_TRUE(IsNcclLibraryName("libnccl.so"));
-  EXPECT_TRUE(IsNcclLibraryName("libnccl.so.2"));
-  EXPECT_TRUE(IsNcclLibraryName("/site-packages/nvidia/nccl/lib/libnccl.so.2"));
-  EXPECT_TRUE(IsNcclLibraryName("/usr/lib/libnccl.so.2.28.9"));
-  EXPECT_FALSE(IsNcclLibraryName("/usr/lib/libnccl-net.so"));
-  EXPECT_FALSE(IsNcclLibraryName("/usr/lib/libnccl-tuner.so"));
-  EXPECT_FALSE(IsNcclLibraryName("/usr/lib/libnccl_static.a"));
-  EXPECT_FALSE(IsNcclLibraryName("libnccl.sox"));
-  EXPECT_FALSE(IsNcclLibraryName("/libnccl.so.2/libfoo.so"));
-  EXPECT_FALSE(IsNcclLibraryName(""));
-}
-
-TEST(ChooseNcclLibrary, NothingLoadedTriesTheSearchPathThenTheBuiltOne) {
-  LibraryRequest request;
-  request.built = "/usr/lib/libnccl.so.2.28.9";
-  absl::StatusOr<LibraryChoice> c = ChooseNcclLibrary({}, request, &FakeRealPath);
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->already_mapped);
-  EXPECT_THAT(c->candidates, ElementsAre("libnccl.so.2", "/usr/lib/libnccl.so.2.28.9"));
-}
-
-TEST(ChooseNcclLibrary, OptionWinsOverEnvironmentWhenNothingIsLoaded) {
-  LibraryRequest request{"/opt/a/libnccl.so.2", "/usr/lib/libnccl.so.2", "/built"};
-  absl::StatusOr<LibraryChoice> c = ChooseNcclLibrary({}, request, &FakeRealPath);
-  ASSERT_TRUE(c.ok());
-  EXPECT_THAT(c->candidates, ElementsAre("/opt/a/libnccl.so.2"));
-  EXPECT_THAT(c->reason, HasSubstr("NcclOptions::library"));
-  request.option.clear();
-  c = ChooseNcclLibrary({}, request, &FakeRealPath);
-  ASSERT_TRUE(c.ok());
-  EXPECT_THAT(c->candidates, ElementsAre("/usr/lib/libnccl.so.2"));
-  EXPECT_THAT(c->reason, HasSubstr("STRATA_NCCL_LIBRARY"));
-}
-
-TEST(ChooseNcclLibrary, TheLoadedCopyIsUsed) {
-  const MappedLibrary torch{"/opt/a/libnccl.so.2", "/opt/a/libnccl.so.2.30.7"};
-  LibraryRequest request;
-  request.built = "/usr/lib/libnccl.so.2.28.9";
-  absl::StatusOr<LibraryChoice> c = ChooseNcclLibrary({torch}, request, &FakeRealPath);
-  ASSERT_TRUE(c.ok());
-  EXPECT_TRUE(c->already_mapped);
-  EXPECT_THAT(c->candidates, ElementsAre("/opt/a/libnccl.so.2"));
-  // Naming the same file (through another link) is fine.
-  request.option = "/opt/a/libnccl.so.2.30.7";
-  c = ChooseNcclLibrary({torch}, request, &FakeRealPath);
-  ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->already_mapped);
-}
-
-TEST(ChooseNcclLibrary, AskingForAnotherCopyThanTheLoadedOneIsRefused) {
-  const MappedLibrary torch{"/opt/a/libnccl.so.2", "/opt/a/libnccl.so.2.30.7"};
-  LibraryRequest request;
-  request.env = "/usr/lib/libnccl.so.2";
-  absl::StatusOr<LibraryChoice> c = ChooseNcclLibrary({torch}, request, &FakeRealPath);
-  ASSERT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(c.status().message(),
-              HasSubstr("STRATA_NCCL_LIBRARY asks for /usr/lib/libnccl.so.2"));
-  EXPECT_THAT(c.status().message(), HasSubstr("/usr/lib/libnccl.so.2.28.9"));
-  EXPECT_THAT(c.status().message(), HasSubstr("already loaded NCCL from /opt/a/libnccl.so.2.30.7"));
-}
-
-TEST(ChooseNcclLibrary, TwoLoadedCopiesAreRefused) {
-  const MappedLibrary a{"/opt/a/libnccl.so.2", "/opt/a/libnccl.so.2.30.7"};
-  const MappedLibrary b{"/usr/lib/libnccl.so.2", "/usr/lib/libnccl.so.2.28.9"};
-  absl::StatusOr<LibraryChoice> c = ChooseNcclLibrary({a, b}, LibraryRequest{}, &FakeRealPath);
-  ASSERT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(c.status().message(), HasSubstr("two copies of NCCL"));
-  EXPECT_THAT(c.status().message(), HasSubstr("/opt/a/libnccl.so.2.30.7"));
-  EXPECT_THAT(c.status().message(), HasSubstr("/usr/lib/libnccl.so.2.28.9"));
-}
 
 // The real loader on this machine: no NCCL is linked into the test, so the
 // first Load maps one, reports its version, and it is the only copy.
@@ -130,6 +52,16 @@ TEST(NcclApiLoad, LoadsOneNcclAndReportsItsVersion) {
   absl::StatusOr<const NcclApi*> again = NcclApi::Load("");
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *api);
+  // Nothing was loaded before, so the file came from the search path (or
+  // the build's fallback), and the reports give the backend's answer.
+  EXPECT_TRUE((*api)->source == NcclLibrarySource::kSearchPath ||
+              (*api)->source == NcclLibrarySource::kBuiltAgainst);
+  EXPECT_FALSE((*api)->reason.empty());
+  absl::StatusOr<NcclLibraryInfo> found = FindNcclLibrary();
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->path, (*api)->path);
+  EXPECT_EQ(found->reason, (*api)->reason);
+  EXPECT_EQ(found->source, (*api)->source);
 }
 
 // A copy of the library file at another path is a second NCCL (a hard
