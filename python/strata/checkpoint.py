@@ -6,43 +6,64 @@ docs/checkpoint.md). Saving copies the tensors into staging memory and
 returns; a background thread writes, verifies and commits. A checkpoint is
 committed whole or not at all.
 
+The state-dict idiom of torch.distributed.checkpoint works as it does there,
+on one process or, with ``world=``, on every rank (collectively)::
+
     import strata.checkpoint as ckpt
 
-    ckpt.save({"model": model, "optimizer": opt, "sched": sched, "epoch": 3},
-              "/ckpt/run1", step=1000)                       # blocking save
+    ckpt.save({"model": model.state_dict(), "optim": opt.state_dict()},
+              "/ckpt/run1", step=1000, world=world)          # blocking save
 
-    saver = ckpt.AsyncCheckpointer("/ckpt/run1", keep_last=3)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    ckpt.load("/ckpt/run1", sd, world=world)  # in place: model's parameters change
+    opt.load_state_dict(sd["optim"])
+
+``load`` fills the tensors of the state it is given in their own memory
+(``model.state_dict()``'s share the parameters' storage, so the model is
+loaded) and returns that same dict. The modules and optimizers themselves
+may be given instead of their state dicts, with schedulers and plain values
+beside them::
+
+    saver = ckpt.AsyncCheckpointer("/ckpt/run1", keep_last=3, world=world)
     for step in range(...):
         train_step()
         if step % 100 == 0:
-            saver.save({"model": model, "optimizer": opt}, step=step)  # returns after staging
+            saver.save({"model": model, "optimizer": opt, "sched": sched, "epoch": 3},
+                       step=step)                    # returns after staging
     saver.wait()
 
     state = {"model": model, "optimizer": opt, "sched": sched, "epoch": 0}
-    ckpt.load("/ckpt/run1", state)          # in place: model, optimizer, scheduler, epoch
-    everything = ckpt.load("/ckpt/run1")    # or: a new nested dict of CPU tensors
+    ckpt.load("/ckpt/run1", state, world=world)  # in place: model, optimizer, scheduler, epoch
+    everything = ckpt.load("/ckpt/run1")         # or: a new nested dict of CPU tensors
 
 ``state`` is a dict whose values may be tensors, ``nn.Module``\\ s, optimizers
 (Adam's ``exp_avg``/``exp_avg_sq``/``step`` included), LR schedulers or
 anything else with ``state_dict()``/``load_state_dict()``, and plain Python
 values (None, bool, int, float, str, bytes, lists, tuples, dicts). Tensor keys
 in the checkpoint are the dotted paths (``model.layer.weight``); an
-optimizer's states are keyed by the name of their parameter in ``state``
-(``optimizer.state.model.layer.weight.exp_avg``) when its parameters belong to
-modules saved beside it, else by index (``optimizer.state.0.exp_avg``). The
-structure around them is stored in the manifest and rebuilt exactly on load.
+optimizer object's states are keyed by the name of their parameter in
+``state`` (``optimizer.state.model.layer.weight.exp_avg``) when its
+parameters belong to modules saved beside it, else by index
+(``optimizer.state.0.exp_avg``, as in ``opt.state_dict()``). The structure
+around them is stored in the manifest and rebuilt exactly on load.
 
-``world=None`` means a single process. With a ``strata.World`` every rank
-calls ``save``/``load``/``AsyncCheckpointer`` (collectively): each rank writes
-its shards (``strata.nn`` tensor-parallel parameters and their optimizer
-states as boxes of the global tensor; every other tensor replicated, written
-once) and a load reshards to the current layout, each rank reading only the
-byte ranges it needs::
+``world=None`` means a single process. With a ``strata.World`` each rank
+writes its shards and a load reshards to the current layout, each rank
+reading only the byte ranges it needs. A tensor is a shard when it carries
+its layout, ``tensor_parallel_sharding = (dim, index, count)``: the
+parameters of ``strata.nn``'s tensor-parallel layers
+(``strata.nn.ShardedParameter``), the tensors ``model.state_dict()`` and
+torch's optimizers (``torch.zeros_like(param)``) make of them, and the
+parameters and optimizer states of modules and optimizers given as objects.
+Every other tensor is replicated, written once; before anything is written,
+``save`` checks that its replicas are equal (dtype, shape and a digest of the
+bytes, two small all-reduces per replica group) and raises on every rank,
+naming the tensor and the ranks, when they are not::
 
     world = strata.init(strata.Mesh(8, tp=4))
-    ckpt.save({"model": model, "optimizer": opt}, "/ckpt/run1", step=100, world=world)
+    ckpt.save(model.state_dict(), "/ckpt/run1", step=100, world=world)
     # later, on a dp4 x tp2 mesh:
-    ckpt.load("/ckpt/run1", {"model": model, "optimizer": opt}, world=world)
+    ckpt.load("/ckpt/run1", model.state_dict(), world=world)
 
 Errors raise :class:`strata.CheckpointError` (``code`` holds the canonical
 status: ``NOT_FOUND``, ``DATA_LOSS``, ``INVALID_ARGUMENT``, ...).
@@ -151,10 +172,16 @@ class AsyncCheckpointer:
     the checkpointer, collectively, and calls :meth:`save` with the same
     step); the checkpointer splits a communicator of its own off the world,
     so its agreements never interleave with training's collectives. Each
-    rank saves its shards: tensor-parallel parameters of ``strata.nn``
-    layers and their optimizer states as boxes of the global tensor, every
-    other tensor as replicated over the ranks of its pipeline stage (written
-    once, the writing spread across the replicas). The structure of
+    rank saves its shards: tensors that carry ``tensor_parallel_sharding``
+    (``strata.nn`` parameters, their ``state_dict()`` tensors and optimizer
+    states) and the tensor-parallel parameters and optimizer states of
+    modules and optimizers given as objects, as boxes of the global tensor;
+    every other tensor as replicated over the ranks of its pipeline stage
+    (written once, the writing spread across the replicas). Before staging,
+    :meth:`save` checks that replicas are equal across the ranks that hold
+    them (on the caller's thread, with the world's groups, within
+    ``commit_timeout``) and raises on every rank, naming the tensor and the
+    ranks, when they are not: nothing is written then. The structure of
     ``state`` and its plain values are taken from rank 0.
 
     Thread-safe; use as a context manager or call :meth:`close`.
@@ -608,8 +635,9 @@ class _LoadPlan:
                 f"saved in shards that the state has no tensor for: {_names(lacking)}. A tensor "
                 "to load into says which box of the global tensor this rank holds; without one "
                 "there is no telling (an optimizer's state_dict() has no states before its first "
-                "step: pass the optimizer itself, {'" + name + "': optimizer}, which knows its "
-                "parameters) (strict=False skips them)", code="NOT_FOUND")
+                "step: put the optimizer object in the state instead of its state_dict(), as "
+                "{'optim': optimizer}; it knows its parameters) (strict=False skips them)",
+                code="NOT_FOUND")
 
     def _shards(self, key):
         if self._shard_counts is None:

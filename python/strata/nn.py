@@ -92,6 +92,9 @@ _CARRIES_LAYOUT = frozenset({
 })
 
 
+_NO_SUBCLASS = torch._C.DisableTorchFunctionSubclass
+
+
 def _check_sharding(sharding, shape):
     ok = (isinstance(sharding, tuple) and len(sharding) == 3
           and all(isinstance(v, int) and not isinstance(v, bool) for v in sharding))
@@ -142,9 +145,10 @@ class ShardedParameter(torch.nn.Parameter):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+        # Called for every operation that takes the parameter (its .grad
+        # too): kept to the least work.
+        with _NO_SUBCLASS():
+            out = func(*args, **kwargs) if kwargs else func(*args)
         if func in _CARRIES_LAYOUT and isinstance(out, torch.Tensor):
             src = args[0] if args else kwargs.get("input")
             sharding = getattr(src, "tensor_parallel_sharding", None)

@@ -203,8 +203,8 @@ def test_loading_state_dicts_into_an_optimizer_without_states_is_refused(shared_
         fresh = torch.optim.AdamW(model.parameters())
         # No tensor says which box of a sharded exp_avg this rank holds.
         with pytest.raises(strata.CheckpointError, match=r"under 'optim' saved in shards that "
-                           r"the state has no tensor for: 'optim.state.0.exp_avg'.*pass the "
-                           r"optimizer itself") as e:
+                           r"the state has no tensor for: 'optim.state.0.exp_avg'.*put the "
+                           r"optimizer object in the state instead") as e:
             ckpt.load(shared_dir, {"model": model.state_dict(), "optim": fresh.state_dict()},
                       world=w)
         assert e.value.code == "NOT_FOUND"
