@@ -523,6 +523,14 @@ class _LoadPlan:
                 self.unasked.add(node["__tensor__"])  # another stage's, or no rank's
             else:
                 unexpected.append(k)
+        if self.collective:
+            # Saved tensors under no entry of rank 0's structure: other
+            # stages' entries of a flat state dict. Unexpected when no rank
+            # asks for them.
+            for key in self.saved:
+                parts = key.split(".")
+                if not any(".".join(parts[:i]) in self.tree for i in range(1, len(parts) + 1)):
+                    self.unasked.add(key)
         if self.strict and unexpected:
             raise _error(f"checkpoint step {step} has entries {_names(unexpected)} that state "
                          "does not (strict=False ignores them)")
