@@ -373,15 +373,16 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     placement = T.Placement(world)
     reader = _open(directory, step, verify, group=placement.group, timeout=timeout,
                    merge_gap_bytes=merge_gap_bytes)
-    failure = plan = None
+    failure = plan = targets = None
     try:
         plan = _LoadPlan(reader, state, strict, placement)
+        targets = plan.targets()
     except Exception as e:  # noqa: BLE001: raised on every rank by agree()
         failure = e
     placement.agree(failure)
     if placement.group is not None and strict:  # on every rank: it is collective
-        _check_unexpected_globally(reader, placement, plan.targets(), plan.unasked)
-    report = reader.load(plan.targets())
+        _check_unexpected_globally(reader, placement, targets, plan.unasked)
+    report = reader.load(targets)
     own = reader.state(placement.rank)  # per-rank fields empty for a rank the save had not
     if restore_rng:
         _restore_rng(own["rng_states"])

@@ -137,7 +137,7 @@ class ShardedParameter(torch.nn.Parameter):
             raise InvalidArgument(f"ShardedParameter: data must be a tensor, got "
                                   f"{type(data).__name__}")
         sharding = _check_sharding(sharding, data.shape)
-        with torch._C.DisableTorchFunctionSubclass():
+        with _NO_SUBCLASS():
             data = data.detach()
         p = torch.Tensor._make_subclass(cls, data, requires_grad)
         p.tensor_parallel_sharding = sharding
@@ -159,7 +159,7 @@ class ShardedParameter(torch.nn.Parameter):
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
-        with torch._C.DisableTorchFunctionSubclass():
+        with _NO_SUBCLASS():
             data = self.data.clone(memory_format=torch.preserve_format)
         out = type(self)(data, self.requires_grad, sharding=self.tensor_parallel_sharding)
         memo[id(self)] = out
@@ -167,8 +167,8 @@ class ShardedParameter(torch.nn.Parameter):
 
     def __repr__(self):
         dim, index, count = self.tensor_parallel_sharding
-        with torch._C.DisableTorchFunctionSubclass():
-            body = torch.Tensor.__repr__(self)
+        with _NO_SUBCLASS():
+            body = repr(self.detach().requires_grad_(self.requires_grad))
         return f"ShardedParameter (dim {dim}, shard {index} of {count}) containing:\n{body}"
 
 
