@@ -15,6 +15,7 @@
 #include "status_map.h"
 #include "strata/checkpoint/checkpointer.h"
 #include "strata/checkpoint/loader.h"
+#include "strata/checkpoint/replica_check.h"
 #include "strata/checkpoint/safetensors.h"
 
 namespace py = pybind11;
@@ -29,6 +30,8 @@ using PyShard = std::tuple<std::string, int, std::vector<int64_t>, std::vector<i
 // (key, dtype, global_shape, local_shape, global_offset, data_ptr)
 using PyTarget = std::tuple<std::string, int, std::vector<int64_t>, std::vector<int64_t>,
                             std::vector<int64_t>, uintptr_t>;
+// (key, dtype, shape, content digest)
+using PyReplica = std::tuple<std::string, int, std::vector<int64_t>, uint64_t>;
 
 [[noreturn]] void Raise(const absl::Status& s) { RaiseStatus(s, ErrorArea::kCheckpoint); }
 
@@ -288,6 +291,13 @@ class PyReader {
     return out;
   }
 
+  // {key: number of saved boxes}: 1 for a tensor saved whole.
+  std::map<std::string, size_t> ShardCounts() const {
+    std::map<std::string, size_t> out;
+    for (const ManifestTensor& t : reader_->manifest().tensors) out[t.key] = t.shards.size();
+    return out;
+  }
+
   py::dict Info() const {
     const Manifest& m = reader_->manifest();
     py::dict d;
@@ -377,6 +387,50 @@ class PySafetensorsFile {
   std::unique_ptr<SafetensorsFile> file_;
 };
 
+// Digests of host buffers [(data_ptr, nbytes)], without the GIL.
+std::vector<uint64_t> Digests(const std::vector<std::pair<uintptr_t, uint64_t>>& buffers,
+                              int threads) {
+  std::vector<HostBytes> b;
+  b.reserve(buffers.size());
+  for (const auto& [ptr, n] : buffers) b.push_back({reinterpret_cast<const void*>(ptr), n});
+  py::gil_scoped_release release;
+  return ContentDigests(b, threads);
+}
+
+// Collective: `groups` is [(strata.Group, [PyReplica])], the same groups in
+// the same order on every rank; `all` the group of every rank of the save.
+void CheckReplicas(py::object all,
+                   const std::vector<std::pair<py::object, std::vector<PyReplica>>>& groups,
+                   int64_t step, double timeout) {
+  std::vector<ReplicaGroup> g;
+  g.reserve(groups.size());
+  for (const auto& [group, tensors] : groups) {
+    ReplicaGroup r;
+    r.comm = &GroupCommunicator(group);
+    for (const PyReplica& t : tensors) {
+      ReplicaDigest d;
+      d.key = std::get<0>(t);
+      absl::StatusOr<DataType> dt = DataTypeFromInt(std::get<1>(t));
+      if (!dt.ok()) Raise(dt.status());
+      d.dtype = *dt;
+      d.shape = std::get<2>(t);
+      d.content = std::get<3>(t);
+      r.tensors.push_back(std::move(d));
+    }
+    g.push_back(std::move(r));
+  }
+  ReplicaCheckOptions o;
+  o.all = &GroupCommunicator(all);
+  o.deadline = absl::Now() + absl::Seconds(timeout);
+  o.step = step;
+  absl::Status s;
+  {
+    py::gil_scoped_release release;  // waits for the other ranks
+    s = CheckReplicasMatch(g, o);
+  }
+  if (!s.ok()) Raise(s);
+}
+
 Registration reg(kOrderCheckpoint, [](py::module_& m) {
   py::class_<PyCheckpointer>(m, "_Checkpointer",
                              "Private: see strata.checkpoint.AsyncCheckpointer.")
@@ -403,6 +457,7 @@ Registration reg(kOrderCheckpoint, [](py::module_& m) {
       .def_property_readonly("step", &PyReader::step)
       .def_property_readonly("step_directory", &PyReader::step_directory)
       .def("tensors", &PyReader::Tensors)
+      .def("shard_counts", &PyReader::ShardCounts)
       .def("info", &PyReader::Info)
       .def("state", &PyReader::State, py::arg("rank") = 0)
       .def("load", &PyReader::Load, py::arg("targets"))
@@ -415,6 +470,10 @@ Registration reg(kOrderCheckpoint, [](py::module_& m) {
       .def("metadata", &PySafetensorsFile::Metadata)
       .def("read", &PySafetensorsFile::Read, py::arg("name"), py::arg("ptr"), py::arg("nbytes"));
 
+  m.def("_content_digests", &Digests, py::arg("buffers"), py::arg("threads"),
+        "Private: digests of host buffers [(data_ptr, nbytes)] (strata::ContentDigests).");
+  m.def("_check_replicas", &CheckReplicas, py::arg("all"), py::arg("groups"), py::arg("step"),
+        py::arg("timeout"), "Private: see strata::CheckReplicasMatch.");
   m.def(
       "_checkpoint_steps",
       [](const std::string& directory) {

@@ -4,17 +4,22 @@ the global tensors (private to :mod:`strata.checkpoint`).
 A state dict is flattened into JSON-able structure (stored in the manifest)
 plus ``{key: tensor}``; keys are dotted paths. Each tensor is either whole
 (the same on every rank of its tensor/data-parallel group: written once,
-the writing spread over the replicas) or a shard of a larger tensor: a
-tensor-parallel parameter (``strata.nn`` layers mark theirs with
-``tensor_parallel_sharding = (dim, index, count)``) or an optimizer state of
-the same shape as such a parameter (Adam's ``exp_avg``, ``exp_avg_sq``).
+the writing spread over the replicas, after a check that the replicas are
+equal) or a shard of a larger tensor: one that carries
+``tensor_parallel_sharding = (dim, index, count)`` (``strata.nn``'s
+ShardedParameters, and the tensors ``detach()``, ``clone()`` and
+``*_like`` make of them: ``model.state_dict()``'s and Adam's ``exp_avg``),
+a parameter so marked found through its module, or an optimizer state of
+the same shape as such a parameter found through its optimizer.
 """
 
 import base64
 import math
+import time
 
 import torch
 
+from . import _strata
 from .errors import CheckpointError
 
 # strata::DataType values.
@@ -50,6 +55,21 @@ def state_dict_of(obj):
 
 def _sharding(t):
     return getattr(t, "tensor_parallel_sharding", None)
+
+
+def checked_sharding(key, spec, shape):
+    """``spec`` as (dim, index, count) ints, or a CheckpointError naming
+    ``key`` when it cannot describe a shard of ``shape``."""
+    try:
+        dim, index, count = (int(v) for v in spec)
+        ok = 0 <= dim < len(shape) and 0 <= index < count
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise error(f"tensor '{key}' has tensor_parallel_sharding {spec!r}, which is not "
+                    f"(dim, index, count) with 0 <= dim < {len(shape)} (its shape is "
+                    f"{tuple(shape)}) and 0 <= index < count")
+    return dim, index, count
 
 
 def module_hints(module, path):
@@ -228,6 +248,7 @@ class Flattener:
     def __init__(self, names=None):
         self.tensors = {}
         self.specs = {}
+        self.paths = {}  # key -> path (tuple) it was found at
         self.names = names or {}  # param_names() of the state being saved
         self.hints = Hints(self.names)
 
@@ -243,11 +264,13 @@ class Flattener:
         if isinstance(obj, torch.Tensor):
             key = self._key(path)
             self.tensors[key] = obj
-            hint = self.hints.get(path)
+            self.paths[key] = tuple(path)
+            own = _sharding(obj)  # the tensor's own layout comes first
+            hint = self.hints.get(path) if own is None else (own, None)
             if hint is not None:
                 spec, param = hint
                 if param is None or tuple(obj.shape) == tuple(param.shape):
-                    self.specs[key] = spec
+                    self.specs[key] = checked_sharding(key, spec, obj.shape)
             return {"__tensor__": key}
         self.hints.add(obj, path)
         if isinstance(obj, torch.optim.Optimizer):
@@ -306,6 +329,53 @@ def decode(node, tensors):
     return node
 
 
+class _Absent:
+    def __repr__(self):
+        return "<not loaded on this rank>"
+
+
+ABSENT = _Absent()  # a saved tensor this rank did not load
+
+
+class Loaded(dict):
+    """{key: tensor} for :func:`decode` where keys not loaded give ABSENT."""
+
+    def __missing__(self, key):
+        return ABSENT
+
+
+def _has_absent(value):
+    if value is ABSENT:
+        return True
+    if isinstance(value, dict):
+        return any(_has_absent(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_absent(v) for v in value)
+    return False
+
+
+def merge_into(given, value):
+    """``given`` (a part of the state being loaded into) updated to the
+    loaded ``value``, keeping its dicts and lists (the same objects, changed
+    in place): entries of ``value`` replace or join those of ``given``,
+    entries only ``given`` has stay, and what holds a tensor this rank did
+    not load (ABSENT: another pipeline stage's, or skipped) is left out."""
+    if isinstance(given, dict) and isinstance(value, dict):
+        for k, v in value.items():
+            if k in given:
+                given[k] = merge_into(given[k], v)
+            elif not _has_absent(v):
+                given[k] = v
+        return given
+    if isinstance(given, list) and isinstance(value, list) and len(given) == len(value):
+        for i, v in enumerate(value):
+            given[i] = merge_into(given[i], v)
+        return given
+    if isinstance(given, tuple) and isinstance(value, tuple) and len(given) == len(value):
+        return tuple(merge_into(g, v) for g, v in zip(given, value))
+    return given if _has_absent(value) else value
+
+
 def tensor_paths(node, path, out):
     """[(path, key)] of every tensor in a tree, with the paths encode gave."""
     if isinstance(node, list):
@@ -340,6 +410,46 @@ def tensor_keys(node, out):
     return out
 
 
+def _int64(v):
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+# Odd 64-bit constants (splitmix64's), as the signed values torch takes.
+_K_POS, _K_MIX1, _K_MIX2 = (_int64(0x9E3779B97F4A7C15), _int64(0xBF58476D1CE4E5B9),
+                            _int64(0x94D049BB133111EB))
+
+
+def device_digest(t, chunk_words=1 << 22):
+    """A 64-bit digest of contiguous ``t``'s bytes computed with torch
+    operators where ``t`` lives (so a CUDA tensor is not copied to the host
+    to be compared): the wrapping sum over its 8-byte words w_i of
+    mix(w_i xor (i * K)), mix being splitmix64's finalizer (a bijection, so
+    two contents that differ in one word never collide), xor the byte count.
+    The same on every device; returned as a 0-d int64 tensor on ``t``'s
+    device (no synchronisation). Works through ``chunk_words`` words at a
+    time, so its temporaries stay small."""
+    b = t.reshape(-1).view(torch.uint8)
+    n = b.numel()
+    if n % 8:
+        b = torch.cat([b, b.new_zeros(8 - n % 8)])
+    w = b.view(torch.int64)
+    acc = torch.zeros((), dtype=torch.int64, device=t.device)
+    for start in range(0, w.numel(), chunk_words):
+        x = w[start:start + chunk_words]
+        h = x ^ (torch.arange(start, start + x.numel(), dtype=torch.int64, device=t.device)
+                 * _K_POS)
+        h = (h ^ _logical_shift(h, 30)) * _K_MIX1
+        h = (h ^ _logical_shift(h, 27)) * _K_MIX2
+        h = h ^ _logical_shift(h, 31)
+        acc += h.sum()
+    return acc ^ n
+
+
+def _logical_shift(h, k):
+    # torch's >> on int64 is arithmetic; mask the sign bits it copies in.
+    return (h >> k) & ((1 << (64 - k)) - 1)
+
+
 class Placement:
     """This rank in a multi-rank checkpoint: ``world`` (a strata.World) or
     None for one process. Sharded tensors are replicated over the dp-cp
@@ -350,7 +460,7 @@ class Placement:
         self.world = world
         if world is None:
             self.rank, self.size = 0, 1
-            self.group = None
+            self.group = self.split_group = self.whole_group = None
             self.split_replica = self.whole_replica = (0, 1)
             return
         if not (hasattr(world, "group") and hasattr(world, "mesh")):
@@ -358,9 +468,9 @@ class Placement:
                         f"{type(world).__module__}.{type(world).__qualname__}")
         self.rank, self.size = world.rank, world.size
         self.group = world.group("world")
-        split, whole = world.group("dp-cp"), world.group("tp-dp-cp")
-        self.split_replica = (split.rank, split.size)
-        self.whole_replica = (whole.rank, whole.size)
+        self.split_group, self.whole_group = world.group("dp-cp"), world.group("tp-dp-cp")
+        self.split_replica = (self.split_group.rank, self.split_group.size)
+        self.whole_replica = (self.whole_group.rank, self.whole_group.size)
 
     def shard(self, key, t, spec):
         """The binding's tuple for this rank's ``t`` saved as ``key``;
@@ -380,12 +490,66 @@ class Placement:
         return (key, DTYPES[t.dtype], glob, list(t.shape), offset, index, count, t.data_ptr(),
                 t.is_cuda), t
 
-    def agree(self, failure):
+    def pipeline_split(self):
+        """Whether the world has more than one pipeline stage (then rank 0's
+        structure of the state is not every rank's)."""
+        return self.world is not None and self.world.mesh.pp > 1
+
+    def check_replicas(self, step, tensors, timeout, threads):
+        """Collective over the world (no-op alone): raises a CheckpointError
+        on every rank, before anything is written, when the ranks that hold
+        replicas of a tensor hold different ones. ``tensors``: [(key, spec,
+        tensor)] as given to :meth:`shard` (contiguous). Returns the seconds
+        it took. Whole tensors are compared over the tp-dp-cp group, shards
+        over dp-cp: dtypes, shapes and a 64-bit digest of the bytes, in two
+        small all-reduces per group (see strata::CheckReplicasMatch). A
+        tensor's digest depends on where it lives (xxh3-64 on the host,
+        :func:`device_digest` on a GPU): replicas of one tensor on the host on
+        some ranks and on a GPU on others are reported as differing."""
+        if self.group is None:
+            return 0.0
+        start = time.perf_counter()
+        # Host tensors: xxh3 on the staging threads. Others: a digest
+        # computed where they live, read back once (one synchronisation).
+        host = [(i, t) for i, (_, _, t) in enumerate(tensors) if t.device.type == "cpu"]
+        digests = [0] * len(tensors)
+        got = _strata._content_digests([(t.data_ptr(), t.numel() * t.element_size())
+                                        for _, t in host], threads)
+        for (i, _), d in zip(host, got):
+            digests[i] = d
+        by_device = {}
+        for i, (_, _, t) in enumerate(tensors):
+            if t.device.type != "cpu":
+                by_device.setdefault(t.device, []).append((i, device_digest(t)))
+        for items in by_device.values():
+            values = torch.stack([d for _, d in items]).cpu().tolist()
+            for (i, _), v in zip(items, values):
+                digests[i] = v & ((1 << 64) - 1)
+        whole, split = [], []
+        for (key, spec, t), d in zip(tensors, digests):
+            (whole if spec is None else split).append((key, DTYPES[t.dtype], list(t.shape), d))
+        try:
+            _strata._check_replicas(self.group, [(self.whole_group, whole),
+                                                 (self.split_group, split)],
+                                    int(step), float(timeout))
+        except CheckpointError as e:
+            if e.code != "INVALID_ARGUMENT":
+                raise
+            raise error(f"{e}. Nothing was saved. A tensor is saved as replicated unless it "
+                        "carries its shard layout (tensor_parallel_sharding: the parameters of "
+                        "strata.nn layers, their state_dict() tensors and the optimizer states "
+                        "made from them with *_like); make such tensors identical on the ranks "
+                        "named, give a tensor-parallel shard of your own a layout "
+                        "(strata.nn.ShardedParameter), or record per-rank positions with "
+                        "data_loader=") from None
+        return time.perf_counter() - start
+
+    def agree(self, failure, doing="load its part of the checkpoint"):
         """Collective over the world (no-op alone): raises on every rank when
         ``failure`` (an exception or None) is set on any, so a rank that
-        cannot take part in a collective load does not leave the others
-        waiting. The lowest failing rank's error is raised there; the others
-        raise a CheckpointError naming it."""
+        cannot take part in a collective load or save does not leave the
+        others waiting. The lowest failing rank's error is raised there; the
+        others raise a CheckpointError naming it."""
         if self.group is None:
             if failure is not None:
                 raise failure
@@ -396,5 +560,5 @@ class Placement:
         if failure is not None:
             raise failure
         if bad < self.size:
-            raise error(f"rank {bad} of {self.size} could not load its part of the checkpoint "
-                        "(its error says why)", code="ABORTED")
+            raise error(f"rank {bad} of {self.size} could not {doing} (its error says why)",
+                        code="ABORTED")

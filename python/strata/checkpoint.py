@@ -6,49 +6,71 @@ docs/checkpoint.md). Saving copies the tensors into staging memory and
 returns; a background thread writes, verifies and commits. A checkpoint is
 committed whole or not at all.
 
+The state-dict idiom of torch.distributed.checkpoint works as it does there,
+on one process or, with ``world=``, on every rank (collectively)::
+
     import strata.checkpoint as ckpt
 
-    ckpt.save({"model": model, "optimizer": opt, "sched": sched, "epoch": 3},
-              "/ckpt/run1", step=1000)                       # blocking save
+    ckpt.save({"model": model.state_dict(), "optim": opt.state_dict()},
+              "/ckpt/run1", step=1000, world=world)          # blocking save
 
-    saver = ckpt.AsyncCheckpointer("/ckpt/run1", keep_last=3)
+    sd = {"model": model.state_dict(), "optim": opt.state_dict()}
+    ckpt.load("/ckpt/run1", sd, world=world)  # in place: model's parameters change
+    opt.load_state_dict(sd["optim"])
+
+``load`` fills the tensors of the state it is given in their own memory
+(``model.state_dict()``'s share the parameters' storage, so the model is
+loaded) and returns that same dict. The modules and optimizers themselves
+may be given instead of their state dicts, with schedulers and plain values
+beside them::
+
+    saver = ckpt.AsyncCheckpointer("/ckpt/run1", keep_last=3, world=world)
     for step in range(...):
         train_step()
         if step % 100 == 0:
-            saver.save({"model": model, "optimizer": opt}, step=step)  # returns after staging
+            saver.save({"model": model, "optimizer": opt, "sched": sched, "epoch": 3},
+                       step=step)                    # returns after staging
     saver.wait()
 
     state = {"model": model, "optimizer": opt, "sched": sched, "epoch": 0}
-    ckpt.load("/ckpt/run1", state)          # in place: model, optimizer, scheduler, epoch
-    everything = ckpt.load("/ckpt/run1")    # or: a new nested dict of CPU tensors
+    ckpt.load("/ckpt/run1", state, world=world)  # in place: model, optimizer, scheduler, epoch
+    everything = ckpt.load("/ckpt/run1")         # or: a new nested dict of CPU tensors
 
 ``state`` is a dict whose values may be tensors, ``nn.Module``\\ s, optimizers
 (Adam's ``exp_avg``/``exp_avg_sq``/``step`` included), LR schedulers or
 anything else with ``state_dict()``/``load_state_dict()``, and plain Python
 values (None, bool, int, float, str, bytes, lists, tuples, dicts). Tensor keys
 in the checkpoint are the dotted paths (``model.layer.weight``); an
-optimizer's states are keyed by the name of their parameter in ``state``
-(``optimizer.state.model.layer.weight.exp_avg``) when its parameters belong to
-modules saved beside it, else by index (``optimizer.state.0.exp_avg``). The
-structure around them is stored in the manifest and rebuilt exactly on load.
+optimizer object's states are keyed by the name of their parameter in
+``state`` (``optimizer.state.model.layer.weight.exp_avg``) when its
+parameters belong to modules saved beside it, else by index
+(``optimizer.state.0.exp_avg``, as in ``opt.state_dict()``). The structure
+around them is stored in the manifest and rebuilt exactly on load.
 
-``world=None`` means a single process. With a ``strata.World`` every rank
-calls ``save``/``load``/``AsyncCheckpointer`` (collectively): each rank writes
-its shards (``strata.nn`` tensor-parallel parameters and their optimizer
-states as boxes of the global tensor; every other tensor replicated, written
-once) and a load reshards to the current layout, each rank reading only the
-byte ranges it needs::
+``world=None`` means a single process. With a ``strata.World`` each rank
+writes its shards and a load reshards to the current layout, each rank
+reading only the byte ranges it needs. A tensor is a shard when it carries
+its layout, ``tensor_parallel_sharding = (dim, index, count)``: the
+parameters of ``strata.nn``'s tensor-parallel layers
+(``strata.nn.ShardedParameter``), the tensors ``model.state_dict()`` and
+torch's optimizers (``torch.zeros_like(param)``) make of them, and the
+parameters and optimizer states of modules and optimizers given as objects.
+Every other tensor is replicated, written once; before anything is written,
+``save`` checks that its replicas are equal (dtype, shape and a digest of the
+bytes, two small all-reduces per replica group) and raises on every rank,
+naming the tensor and the ranks, when they are not::
 
     world = strata.init(strata.Mesh(8, tp=4))
-    ckpt.save({"model": model, "optimizer": opt}, "/ckpt/run1", step=100, world=world)
+    ckpt.save(model.state_dict(), "/ckpt/run1", step=100, world=world)
     # later, on a dp4 x tp2 mesh:
-    ckpt.load("/ckpt/run1", {"model": model, "optimizer": opt}, world=world)
+    ckpt.load("/ckpt/run1", model.state_dict(), world=world)
 
 Errors raise :class:`strata.CheckpointError` (``code`` holds the canonical
 status: ``NOT_FOUND``, ``DATA_LOSS``, ``INVALID_ARGUMENT``, ...).
 """
 
 import json
+import os
 import random
 import warnings
 
@@ -150,10 +172,16 @@ class AsyncCheckpointer:
     the checkpointer, collectively, and calls :meth:`save` with the same
     step); the checkpointer splits a communicator of its own off the world,
     so its agreements never interleave with training's collectives. Each
-    rank saves its shards: tensor-parallel parameters of ``strata.nn``
-    layers and their optimizer states as boxes of the global tensor, every
-    other tensor as replicated over the ranks of its pipeline stage (written
-    once, the writing spread across the replicas). The structure of
+    rank saves its shards: tensors that carry ``tensor_parallel_sharding``
+    (``strata.nn`` parameters, their ``state_dict()`` tensors and optimizer
+    states) and the tensor-parallel parameters and optimizer states of
+    modules and optimizers given as objects, as boxes of the global tensor;
+    every other tensor as replicated over the ranks of its pipeline stage
+    (written once, the writing spread across the replicas). Before staging,
+    :meth:`save` checks that replicas are equal across the ranks that hold
+    them (on the caller's thread, with the world's groups, within
+    ``commit_timeout``) and raises on every rank, naming the tensor and the
+    ranks, when they are not: nothing is written then. The structure of
     ``state`` and its plain values are taken from rank 0.
 
     Thread-safe; use as a context manager or call :meth:`close`.
@@ -166,6 +194,9 @@ class AsyncCheckpointer:
         self._placement = T.Placement(world)
         self.directory = str(directory)
         self._rng = rng
+        self._check_timeout = commit_timeout
+        self._check_threads = staging_threads or max(1, min(4, os.cpu_count() or 1))
+        self._check_seconds = 0.0
         self._impl = _strata._Checkpointer(
             self.directory, keep_last=keep_last or 0, checksum=checksum, chunk_bytes=chunk_bytes,
             max_file_bytes=max_file_bytes or 0, on_busy=on_busy, busy_timeout=busy_timeout,
@@ -185,17 +216,27 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
-        if not isinstance(state, dict):
-            raise _error(f"state must be a dict, not {type(state).__name__}")
-        flat = _Flattener(T.param_names(state))
-        tree = flat.encode(state, [])
         shards, keep_alive = [], []
-        cuda = False
-        for key, t in flat.tensors.items():
-            s, t = self._placement.shard(key, t, flat.specs.get(key))
-            shards.append(s)
-            keep_alive.append(t)
-            cuda = cuda or t.is_cuda
+        cuda, failure = False, None
+        try:
+            if not isinstance(state, dict):
+                raise _error(f"state must be a dict, not {type(state).__name__}")
+            flat = _Flattener(T.param_names(state))
+            tree = flat.encode(state, [])
+            for key, t in flat.tensors.items():
+                s, t = self._placement.shard(key, t, flat.specs.get(key))
+                shards.append(s)
+                keep_alive.append((key, flat.specs.get(key), t))
+                cuda = cuda or t.is_cuda
+        except Exception as e:  # noqa: BLE001: raised on every rank by agree()
+            failure = e
+        # A rank that cannot save makes every rank fail here, rather than
+        # leaving them waiting in the collectives below.
+        self._placement.agree(failure, doing=f"prepare its part of checkpoint step {step}")
+        # Before anything is staged: replicas that differ fail the save on
+        # every rank, naming the tensor and the ranks.
+        self._check_seconds = self._placement.check_replicas(
+            step, keep_alive, self._check_timeout, self._check_threads)
         extra = {_TREE_KEY: _TREE_VERSION, "tree": tree}
         plain = {"extra": json.dumps(extra, allow_nan=False)}
         if optimizer_step is not None:
@@ -227,9 +268,13 @@ class AsyncCheckpointer:
         """A dict: ``state`` ("idle", "staging", "writing"), ``step_in_flight``,
         ``last_committed_step``, ``pending_error``, and the last save's
         ``staging_seconds`` (time save() blocked), ``write_seconds``,
-        ``commit_seconds``, ``bytes_written``, ``files_written``."""
+        ``commit_seconds``, ``bytes_written``, ``files_written``, and
+        ``replica_check_seconds`` (the part of save() spent checking that
+        replicated tensors are equal across their ranks; 0 alone)."""
         self._warn()
-        return self._impl.status()
+        st = self._impl.status()
+        st["replica_check_seconds"] = self._check_seconds
+        return st
 
     def close(self, timeout=None):
         """Waits for a save in flight and stops the writer thread."""
@@ -289,24 +334,35 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
 
     With ``state=None``, returns the saved state as a new nested dict (tensors
     on the CPU; modules and optimizers as their state dicts). With a ``state``
-    dict, loads into it and returns it: tensors and modules' parameters and
-    buffers in place (no extra copy for CPU tensors), optimizers and
-    schedulers through ``load_state_dict``, plain values replaced.
+    dict, loads into it, in place, and returns it (the same object), as
+    torch.distributed.checkpoint.load does: every tensor in it, at any depth
+    (``model.state_dict()``, ``{"model": model.state_dict(), "optim":
+    opt.state_dict()}``), and the parameters and buffers of modules, are
+    filled in their own memory (no extra copy for CPU tensors), so loading
+    into ``model.state_dict()`` changes the model; dicts and lists keep their
+    identity and get the saved plain values (and tensors they lack, which
+    are new); optimizers and schedulers get ``load_state_dict``.
 
-    ``strict`` (default) requires every tensor of the given modules and
-    tensors to be in the checkpoint and no other tensor under their names,
-    and every entry of ``state`` to be in the checkpoint. ``verify`` checks the
-    checksums of what is read. ``restore_rng`` restores the torch, numpy and
-    Python RNG states saved with the checkpoint (this rank's).
+    ``strict`` (default) requires every tensor of the given state to be in
+    the checkpoint and no other tensor under its names (under a dict or list
+    entry, saved tensors it lacks are added instead), and every entry of
+    ``state`` to be in the checkpoint. ``verify`` checks the checksums of
+    what is read. ``restore_rng`` restores the torch, numpy and Python RNG
+    states saved with the checkpoint (this rank's).
 
     ``world``: a ``strata.World`` for a collective load (every rank calls
     it; each waits at most ``timeout`` seconds for the others). Rank 0
     resolves the step, so all ranks load the same one; each rank reads only
     the byte ranges its own tensors need, resharded to its current layout:
-    tensor-parallel parameters of ``strata.nn`` layers (and their optimizer
-    states) get this rank's box of the global tensor whatever tp the
-    checkpoint was saved with; other tensors are loaded whole. An error on
-    any rank raises on every rank.
+    a tensor that carries its shard layout (``model.state_dict()`` of
+    ``strata.nn`` layers, the optimizer states made from their parameters),
+    the tensor-parallel parameters of modules and the states of optimizers
+    passed as objects get this rank's box of the global tensor whatever tp
+    the checkpoint was saved with; other tensors are loaded whole. A tensor
+    saved in shards under a dict entry that has no tensor for it cannot be
+    loaded (nothing says which box this rank holds): an error names it (an
+    optimizer's ``state_dict()`` has no states before its first step; pass
+    the optimizer itself then). An error on any rank raises on every rank.
 
     ``training_state``: a dict to fill with what was recorded beside the
     tensors: ``step``, ``optimizer_step``, ``data_loader`` (this rank's),
@@ -317,15 +373,15 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     placement = T.Placement(world)
     reader = _open(directory, step, verify, group=placement.group, timeout=timeout,
                    merge_gap_bytes=merge_gap_bytes)
-    failure = None
+    failure = plan = targets = None
     try:
-        targets, tensors, after, tree, unasked = _plan_load(reader, state, strict,
-                                                            placement.group is not None)
+        plan = _LoadPlan(reader, state, strict, placement)
+        targets = plan.targets()
     except Exception as e:  # noqa: BLE001: raised on every rank by agree()
         failure = e
     placement.agree(failure)
     if placement.group is not None and strict:  # on every rank: it is collective
-        _check_unexpected_globally(reader, placement, targets, unasked)
+        _check_unexpected_globally(reader, placement, targets, plan.unasked)
     report = reader.load(targets)
     own = reader.state(placement.rank)  # per-rank fields empty for a rank the save had not
     if restore_rng:
@@ -340,10 +396,11 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
             "bytes_read": report["bytes_read"],
             "bytes_verified": report["bytes_verified"],
         })
+    tree, tensors = plan.tree, plan.tensors
     if state is None:
         return _decode(tree, tensors)
     with torch.no_grad():
-        for dst, tmp in after:
+        for dst, tmp in plan.after:
             dst.copy_(tmp)
     for name, obj in list(state.items()):
         if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
@@ -351,6 +408,10 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
         if isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(tree[name]):
             obj.load_state_dict(T.load_named_optimizer(obj, T.param_names(state), tree[name],
                                                        tensors, name))
+            continue
+        if isinstance(obj, (dict, list, tuple)):
+            # Filled in place; the structure keeps its dicts and lists.
+            state[name] = T.merge_into(obj, _decode(tree[name], plan.loaded()))
             continue
         value = _decode(tree[name], tensors)
         if _state_dict_of(obj) is not None and hasattr(obj, "load_state_dict"):
@@ -375,21 +436,111 @@ def _check_unexpected_globally(reader, placement, targets, unasked):
                      f"asked for: {_names(unexpected)} (strict=False ignores them)")
 
 
-def _plan_load(reader, state, strict, collective=False):
-    """(targets for the reader, {key: tensor filled}, [(destination, tmp)]
-    copies after the load, the saved tree, saved keys to check for
-    unexpectedness across ranks) for loading into ``state``. With
-    ``collective``, saved tensors under a module entry that this rank does
-    not hold are left to that check rather than refused here."""
-    unasked = set()
-    tree = _tree(reader)
-    saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
-    tensors = {}   # key -> CPU tensor filled by the load
-    boxes = {}     # key -> (global shape, offset) of a shard; absent: whole
-    after = []     # (destination, cpu tensor) copies for non-CPU destinations
+class _LoadPlan:
+    """What this rank reads, and into what, to load ``state`` (None: the
+    whole checkpoint, as new tensors): ``tensors`` {key: tensor the reader
+    fills}, ``after`` [(destination, tmp)] copies for destinations the
+    reader cannot fill directly (not CPU, not contiguous), ``tree`` the
+    saved structure, ``unasked`` saved keys to check for unexpectedness
+    across ranks (under ``world=``, a saved tensor under an entry that this
+    rank does not hold may be another stage's). Raises what is wrong with
+    ``state`` for this checkpoint."""
 
-    def fresh(key, hint=None):
-        dtype, shape = saved[key]
+    def __init__(self, reader, state, strict, placement):
+        self.reader, self.strict = reader, strict
+        self.collective = placement.group is not None
+        self.pipeline_split = placement.pipeline_split()
+        self.unasked = set()
+        self.tree = _tree(reader)
+        self.saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
+        self.tensors = {}  # key -> CPU tensor filled by the load
+        self.boxes = {}    # key -> (global shape, offset) of a shard; absent: whole
+        self.after = []    # (destination, cpu tensor) copies after the load
+        self.given = {}    # key -> the tensor of `state` it loads into
+        self._shard_counts = None
+        if state is None:
+            for key in _tensor_keys(self.tree, []):
+                self._fresh(key)
+            return
+        if not isinstance(state, dict):
+            raise _error(f"state must be a dict or None, not {type(state).__name__}")
+        if not isinstance(self.tree, dict):
+            raise _error("the checkpoint does not hold a dict at its root; load it with state=None")
+        self._check_entries(state)
+        names = T.param_names(state)
+        for name, obj in state.items():
+            if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+                self._module_or_tensor(name, obj)
+            elif name not in self.tree:
+                continue
+            elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(self.tree[name]):
+                self._named_optimizer(name, obj, names)
+            elif isinstance(obj, (dict, list, tuple)):
+                self._container(name, obj)
+            else:
+                # Optimizers and the like: the saved structure says what there
+                # is; the object's parameters say which states are shards.
+                hints = T.Hints(names)
+                hints.add(obj, [name])
+                for path, key in T.tensor_paths(self.tree[name], [name], []):
+                    self._fresh(key, hints.get(path))
+
+    def targets(self):
+        """The reader's targets: (key, dtype, global shape, local shape,
+        offset, data pointer)."""
+        out = []
+        for key, t in self.tensors.items():
+            if t.dtype not in _DTYPES:
+                raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not "
+                             "hold")
+            shape = list(t.shape)
+            glob, offset = self.boxes.get(key, (shape, [0] * len(shape)))
+            out.append((key, _DTYPES[t.dtype], glob, shape, offset, t.data_ptr()))
+        return out
+
+    def loaded(self):
+        """{key: tensor} for rebuilding the state: the given tensors where
+        the load filled them, new ones elsewhere; T.ABSENT for keys this
+        rank did not load."""
+        return T.Loaded({**self.tensors, **self.given})
+
+    def _in_entry(self, name):
+        return {k for k in self.saved if k == name or k.startswith(name + ".")}
+
+    def _check_entries(self, state):
+        step = self.reader.step
+        # A tensor entry (a flat state dict's) is found by its key: under a
+        # pipeline split rank 0's structure holds only its stage's.
+        missing = [k for k, v in state.items() if k not in self.tree
+                   and not (isinstance(v, torch.Tensor) and self._in_entry(k))]
+        if self.strict and missing:
+            raise _error(f"entries {_names(missing)} of state are not in checkpoint step {step} "
+                         "(strict=False skips them)", code="NOT_FOUND")
+        unexpected = []
+        for k, node in self.tree.items():
+            if k in state:
+                continue
+            if self.collective and isinstance(node, dict) and set(node) == {"__tensor__"}:
+                self.unasked.add(node["__tensor__"])  # another stage's, or no rank's
+            else:
+                unexpected.append(k)
+        if self.collective:
+            # Saved tensors under no entry of rank 0's structure: other
+            # stages' entries of a flat state dict. Unexpected when no rank
+            # asks for them.
+            for key in self.saved:
+                parts = key.split(".")
+                if not any(".".join(parts[:i]) in self.tree for i in range(1, len(parts) + 1)):
+                    self.unasked.add(key)
+        if self.strict and unexpected:
+            raise _error(f"checkpoint step {step} has entries {_names(unexpected)} that state "
+                         "does not (strict=False ignores them)")
+
+    def _fresh(self, key, hint=None):
+        """A new tensor for ``key``: this rank's box when ``hint`` (spec,
+        parameter) says the saved tensor has that parameter's layout, else
+        the whole tensor."""
+        dtype, shape = self.saved[key]
         local, box = list(shape), None
         if hint is not None:
             spec, param = hint
@@ -397,99 +548,110 @@ def _plan_load(reader, state, strict, collective=False):
             if glob == list(shape):  # a state of the parameter's layout
                 local, box = list(param.shape), (glob, offset)
         t = torch.empty(local, dtype=_TORCH_DTYPES[dtype])
-        tensors[key] = t
+        self.tensors[key] = t
         if box is not None:
-            boxes[key] = box
+            self.boxes[key] = box
         return t
 
-    if state is None:
-        for key in _tensor_keys(tree, []):
-            fresh(key)
-    else:
-        if not isinstance(state, dict):
-            raise _error(f"state must be a dict or None, not {type(state).__name__}")
-        if not isinstance(tree, dict):
-            raise _error("the checkpoint does not hold a dict at its root; load it with state=None")
-        missing_entries = [k for k in state if k not in tree]
-        if strict and missing_entries:
-            raise _error(f"entries {_names(missing_entries)} of state are not in checkpoint "
-                         f"step {reader.step} (strict=False skips them)", code="NOT_FOUND")
-        unexpected_entries = [k for k in tree if k not in state]
-        if strict and unexpected_entries:
-            raise _error(f"checkpoint step {reader.step} has entries {_names(unexpected_entries)} "
-                         "that state does not (strict=False ignores them)")
-        names = T.param_names(state)
-        for name, obj in state.items():
-            if name not in tree:
+    def _into(self, key, dst, spec):
+        """Loads ``key`` into ``dst`` (a tensor of the state), in place;
+        ``spec``: the box of the global tensor it holds, or None (whole)."""
+        if spec is not None:
+            self.boxes[key] = T.global_box(dst.shape, spec)
+        if dst.device.type == "cpu" and dst.is_contiguous():
+            self.tensors[key] = dst.detach()  # filled in place
+        else:
+            tmp = torch.empty(dst.shape, dtype=dst.dtype)
+            self.tensors[key] = tmp
+            self.after.append((dst, tmp))
+        self.given[key] = dst
+
+    def _missing(self, keys):
+        if self.strict and keys:
+            raise _error(f"{len(keys)} tensor(s) missing from checkpoint step {self.reader.step}: "
+                         f"{_names(keys)} (strict=False skips them)", code="NOT_FOUND")
+
+    def _module_or_tensor(self, name, obj):
+        # From the manifest, not rank 0's tree: under a pipeline split rank 0
+        # saved only its stage's layers.
+        saved_keys = self._in_entry(name)
+        flat = _Flattener()
+        want = flat.encode(obj, [name])
+        want_keys = _tensor_keys(want, [])
+        self._missing([k for k in want_keys if k not in self.saved])
+        unexpected = saved_keys - set(want_keys)
+        if self.strict and unexpected and self.collective:
+            self.unasked |= unexpected
+        elif self.strict and unexpected:
+            raise _error(f"checkpoint step {self.reader.step} has {len(unexpected)} tensor(s) "
+                         f"under '{name}' that the state does not: {_names(unexpected)} "
+                         "(strict=False ignores them)")
+        for key in want_keys:
+            if key in self.saved:
+                self._into(key, flat.tensors[key], flat.specs.get(key))
+
+    def _named_optimizer(self, name, obj, names):
+        # Keyed by parameter name: this rank's parameters say what to read,
+        # from the manifest (rank 0's structure holds only the parameters of
+        # its pipeline stage).
+        hints = T.Hints(names)
+        hints.add(obj, [name])
+        own = {names[id(p)] for p in T.optimizer_params(obj) if id(p) in names}
+        mine = T.named_state_keys(name, self.saved, own)
+        for key, (param, field) in mine.items():
+            self._fresh(key, hints.get([name, "state", param, field]))
+        # States of parameters this optimizer does not hold: under a pipeline
+        # split, another stage's; unexpected only when no rank asks for them.
+        others = set(T.named_state_keys(name, self.saved)) - set(mine)
+        if self.strict and others and self.collective:
+            self.unasked |= others
+        elif self.strict and others:
+            raise _error(f"checkpoint step {self.reader.step} has {len(others)} state "
+                         f"tensor(s) of '{name}' for parameters it does not hold: "
+                         f"{_names(others)} (strict=False ignores them)")
+
+    def _container(self, name, obj):
+        """A dict, list or tuple of the state (``model.state_dict()``,
+        ``opt.state_dict()``): its tensors are loaded in place, each as the
+        box its own layout says; saved tensors it lacks are loaded new."""
+        flat = _Flattener()
+        flat.encode(obj, [name])
+        saved_at = dict(T.tensor_paths(self.tree[name], [name], []))  # path -> key
+        keys = {}  # key of each given tensor
+        for k, path in flat.paths.items():
+            keys[saved_at.get(path, k)] = flat.tensors[k], flat.specs.get(k)
+        self._missing([k for k in keys if k not in self.saved])
+        for key, (dst, spec) in keys.items():
+            if key in self.saved:
+                self._into(key, dst, spec)
+        lacking = []
+        for key in saved_at.values():
+            if key in keys or key not in self.saved:
                 continue
-            sub = tree[name]
-            saved_keys = set(_tensor_keys(sub, []))
-            if isinstance(obj, (torch.nn.Module, torch.Tensor)):
-                # From the manifest, not rank 0's tree: under a pipeline split
-                # rank 0 saved only its stage's layers.
-                saved_keys = {k for k in saved if k == name or k.startswith(name + ".")}
-                flat = _Flattener()
-                want = flat.encode(obj, [name])
-                want_keys = _tensor_keys(want, [])
-                missing = [k for k in want_keys if k not in saved]
-                unexpected = saved_keys - set(want_keys)
-                if strict and missing:
-                    raise _error(f"{len(missing)} tensor(s) missing from checkpoint step "
-                                 f"{reader.step}: {_names(missing)} (strict=False skips them)",
-                                 code="NOT_FOUND")
-                if strict and unexpected and collective:
-                    unasked |= unexpected
-                elif strict and unexpected:
-                    raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) "
-                                 f"under '{name}' that the state does not: {_names(unexpected)} "
-                                 "(strict=False ignores them)")
-                for key in want_keys:
-                    if key not in saved:
-                        continue
-                    dst = flat.tensors[key]
-                    if key in flat.specs:
-                        boxes[key] = T.global_box(dst.shape, flat.specs[key])
-                    if dst.device.type == "cpu" and dst.is_contiguous():
-                        tensors[key] = dst.detach()  # filled in place
-                    else:
-                        tmp = torch.empty(dst.shape, dtype=dst.dtype)
-                        tensors[key] = tmp
-                        after.append((dst, tmp))
-            elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(sub):
-                # Keyed by parameter name: this rank's parameters say what to
-                # read, from the manifest (rank 0's structure holds only the
-                # parameters of its pipeline stage).
-                hints = T.Hints(names)
-                hints.add(obj, [name])
-                own = {names[id(p)] for p in T.optimizer_params(obj) if id(p) in names}
-                mine = T.named_state_keys(name, saved, own)
-                for key, (param, field) in mine.items():
-                    fresh(key, hints.get([name, "state", param, field]))
-                # States of parameters this optimizer does not hold: under a
-                # pipeline split, another stage's; unexpected only when no
-                # rank asks for them.
-                others = set(T.named_state_keys(name, saved)) - set(mine)
-                if strict and others and collective:
-                    unasked |= others
-                elif strict and others:
-                    raise _error(f"checkpoint step {reader.step} has {len(others)} state "
-                                 f"tensor(s) of '{name}' for parameters it does not hold: "
-                                 f"{_names(others)} (strict=False ignores them)")
+            if self.pipeline_split:
+                # Rank 0's structure is its stage's: whether another rank
+                # holds the tensor is for the check across ranks.
+                self.unasked.add(key)
+            elif self.collective and self._shards(key) > 1:
+                lacking.append(key)
             else:
-                # Optimizers and the like: the saved structure says what there
-                # is; the object's parameters say which states are shards.
-                hints = T.Hints(names)
-                hints.add(obj, [name])
-                for path, key in T.tensor_paths(sub, [name], []):
-                    fresh(key, hints.get(path))
-    targets = []
-    for key, t in tensors.items():
-        if t.dtype not in _DTYPES:
-            raise _error(f"tensor '{key}' has dtype {t.dtype}, which a checkpoint does not hold")
-        shape = list(t.shape)
-        glob, offset = boxes.get(key, (shape, [0] * len(shape)))
-        targets.append((key, _DTYPES[t.dtype], glob, shape, offset, t.data_ptr()))
-    return targets, tensors, after, tree, unasked
+                self._fresh(key)
+        if self.pipeline_split:
+            self.unasked |= self._in_entry(name) - set(keys)
+        if self.strict and lacking:
+            raise _error(
+                f"checkpoint step {self.reader.step} has {len(lacking)} tensor(s) under '{name}' "
+                f"saved in shards that the state has no tensor for: {_names(lacking)}. A tensor "
+                "to load into says which box of the global tensor this rank holds; without one "
+                "there is no telling (an optimizer's state_dict() has no states before its first "
+                "step: put the optimizer object in the state instead of its state_dict(), as "
+                "{'optim': optimizer}; it knows its parameters) (strict=False skips them)",
+                code="NOT_FOUND")
+
+    def _shards(self, key):
+        if self._shard_counts is None:
+            self._shard_counts = self.reader.shard_counts()
+        return self._shard_counts.get(key, 1)
 
 
 def info(directory, *, step=None):

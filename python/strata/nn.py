@@ -29,10 +29,14 @@ would, then keeps its shard. With the same ``torch.manual_seed`` a model
 built with tp = N therefore starts exactly as the same model built with
 tp = 1 (or ``group=None``, which means one rank and no communication).
 
-Checkpoints: each sharded parameter carries ``tensor_parallel_sharding =
-(dim, index, count)`` (see :func:`tensor_sharding`), so
-``strata.checkpoint.save(..., world=world)`` writes the global tensor once
-and ``load`` reshards it to another tp size.
+Checkpoints: each sharded parameter is a :class:`ShardedParameter`, which
+carries ``tensor_parallel_sharding = (dim, index, count)`` (see
+:func:`tensor_sharding`) and passes it on to the tensors ``detach()``,
+``clone()`` and ``*_like`` make of it: ``model.state_dict()`` and the
+optimizer states torch creates with ``torch.zeros_like(param)`` (Adam's
+``exp_avg``, ``exp_avg_sq``). So ``strata.checkpoint.save(model.state_dict(),
+..., world=world)`` (or ``{"model": model, "optim": opt}``) writes each
+global tensor once and ``load`` reshards it to another tp size.
 
 Gradients are complete after ``backward()``: parameters replicated across
 the tp group but applied to token shards under sequence parallelism (layer
@@ -59,6 +63,7 @@ __all__ = [
     "ParallelGPT",
     "tp_group",
     "tensor_sharding",
+    "ShardedParameter",
 ]
 
 
@@ -73,6 +78,113 @@ def tp_group(group):
         return group
     raise InvalidArgument(f"group must be a strata.World, a strata.Group or None, got "
                           f"{type(group).__module__}.{type(group).__qualname__}")
+
+
+# What a ShardedParameter's layout carries onto: functions whose result is
+# the parameter's data or a tensor laid out like it. ``model.state_dict()``
+# detaches; torch's optimizers make their per-parameter states (Adam's
+# exp_avg, exp_avg_sq, RMSprop's square_avg, ...) with ``torch.zeros_like``.
+_CARRIES_LAYOUT = frozenset({
+    torch.Tensor.detach, torch.detach, torch.Tensor.clone, torch.clone,
+    torch.Tensor.data.__get__,
+    torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like,
+    torch.rand_like, torch.randn_like, torch.randint_like,
+})
+
+
+_NO_SUBCLASS = torch._C.DisableTorchFunctionSubclass
+
+
+def _check_sharding(sharding, shape):
+    ok = (isinstance(sharding, tuple) and len(sharding) == 3
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in sharding))
+    if ok:
+        dim, index, count = sharding
+        ok = 0 <= dim < len(shape) and 0 <= index < count
+    if not ok:
+        raise InvalidArgument(f"ShardedParameter: sharding must be (dim, index, count) with "
+                              f"0 <= dim < {len(shape)} (the parameter's shape is "
+                              f"{tuple(shape)}) and 0 <= index < count, got {sharding!r}")
+    return sharding
+
+
+class ShardedParameter(torch.nn.Parameter):
+    """A parameter that is this rank's contiguous shard of a larger tensor:
+    ``tensor_parallel_sharding = (dim, index, count)`` says that the global
+    tensor is ``count`` shards of this shape concatenated along ``dim``, and
+    that this rank holds shard ``index``. strata.nn's tensor-parallel layers
+    make their split parameters ShardedParameters; a tensor-parallel layer of
+    your own can too (``ShardedParameter(local, sharding=(0, tp.rank,
+    tp.size))``).
+
+    The layout travels to the tensors a checkpoint is taken from, as a
+    DTensor's does for torch.distributed.checkpoint: ``detach()``,
+    ``clone()``, ``.data`` and the ``*_like`` functions return plain tensors
+    that carry ``tensor_parallel_sharding``, so ``model.state_dict()`` and
+    the states torch's optimizers create with ``torch.zeros_like(param)``
+    (``optimizer.state_dict()``'s ``exp_avg``, ``exp_avg_sq``) save as boxes
+    of the global tensor. Every other operation returns a plain tensor:
+    activations and gradients are not ShardedParameters, and a forward pays
+    one Python call per operation that takes the parameter.
+
+    Pickling (``torch.save(model)``) gives back a plain Parameter with the
+    ``tensor_parallel_sharding`` attribute; ``copy.deepcopy`` a
+    ShardedParameter.
+    """
+
+    def __new__(cls, data, requires_grad=True, *, sharding):
+        if not isinstance(data, torch.Tensor):
+            raise InvalidArgument(f"ShardedParameter: data must be a tensor, got "
+                                  f"{type(data).__name__}")
+        sharding = _check_sharding(sharding, data.shape)
+        with _NO_SUBCLASS():
+            data = data.detach()
+        p = torch.Tensor._make_subclass(cls, data, requires_grad)
+        p.tensor_parallel_sharding = sharding
+        return p
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Called for every operation that takes the parameter (its .grad
+        # too): kept to the least work.
+        with _NO_SUBCLASS():
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        if func in _CARRIES_LAYOUT and isinstance(out, torch.Tensor):
+            src = args[0] if args else kwargs.get("input")
+            sharding = getattr(src, "tensor_parallel_sharding", None)
+            if sharding is not None:
+                out.tensor_parallel_sharding = sharding
+        return out
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with _NO_SUBCLASS():
+            data = self.data.clone(memory_format=torch.preserve_format)
+        out = type(self)(data, self.requires_grad, sharding=self.tensor_parallel_sharding)
+        memo[id(self)] = out
+        return out
+
+    def __repr__(self):
+        dim, index, count = self.tensor_parallel_sharding
+        with _NO_SUBCLASS():
+            body = repr(self.detach().requires_grad_(self.requires_grad))
+        return f"ShardedParameter (dim {dim}, shard {index} of {count}) containing:\n{body}"
+
+
+# torch's optimizers pick their multi-tensor (foreach) or fused kernels on
+# CUDA only for parameters whose type is listed here (torch.distributed.tensor
+# registers DTensor the same way); unlisted, a ShardedParameter would send
+# them to the per-parameter loop. A ShardedParameter computes as a plain
+# tensor, so those kernels apply unchanged. The list is torch's, private:
+# without it the loop is used, which is correct, only slower.
+try:
+    from torch.optim import optimizer as _torch_optimizer
+
+    if ShardedParameter not in _torch_optimizer._foreach_supported_types:
+        _torch_optimizer._foreach_supported_types.append(ShardedParameter)
+except (ImportError, AttributeError):  # pragma: no cover: another torch
+    pass
 
 
 def _divisible(what, value, n, layer):
@@ -93,16 +205,14 @@ def _linear_init(out_features, in_features, bias):
     return w, b
 
 
-def _param(t, dtype, device):
-    return torch.nn.Parameter(t.to(device=device, dtype=dtype or torch.get_default_dtype())
-                              .contiguous())
-
-
-def _mark_sharded(param, dim, group):
-    """Records on ``param`` that it is this rank's contiguous shard of a
-    tensor split along ``dim`` over ``group`` (strata.checkpoint reads it to
-    save the global tensor and to reshard on load)."""
-    param.tensor_parallel_sharding = (dim, C.rank_of(group), C.size_of(group))
+def _param(t, dtype, device, shard_dim=None, group=None):
+    """A parameter of ``t`` in ``dtype`` on ``device``; with ``shard_dim``, a
+    ShardedParameter: this rank's contiguous shard of a tensor split along
+    that dim over ``group``."""
+    data = t.to(device=device, dtype=dtype or torch.get_default_dtype()).contiguous()
+    if shard_dim is None:
+        return torch.nn.Parameter(data)
+    return ShardedParameter(data, sharding=(shard_dim, C.rank_of(group), C.size_of(group)))
 
 
 def tensor_sharding(module):
@@ -234,11 +344,9 @@ class ColumnParallelLinear(torch.nn.Module):
         w, b = _linear_init(out_features, in_features, bias)
         local = out_features // n
         start = C.rank_of(self.group) * local
-        self.weight = _param(w[start:start + local], dtype, device)
-        _mark_sharded(self.weight, 0, self.group)
+        self.weight = _param(w[start:start + local], dtype, device, 0, self.group)
         if bias:
-            self.bias = _param(b[start:start + local], dtype, device)
-            _mark_sharded(self.bias, 0, self.group)
+            self.bias = _param(b[start:start + local], dtype, device, 0, self.group)
         else:
             self.register_parameter("bias", None)
 
@@ -284,8 +392,7 @@ class RowParallelLinear(torch.nn.Module):
         w, b = _linear_init(out_features, in_features, bias)
         local = in_features // n
         start = C.rank_of(self.group) * local
-        self.weight = _param(w[:, start:start + local], dtype, device)
-        _mark_sharded(self.weight, 1, self.group)
+        self.weight = _param(w[:, start:start + local], dtype, device, 1, self.group)
         if bias:
             self.bias = _param(b, dtype, device)
         else:
@@ -330,8 +437,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         local = num_embeddings // n
         self.vocab_start = C.rank_of(self.group) * local
         self.vocab_end = self.vocab_start + local
-        self.weight = _param(full[self.vocab_start:self.vocab_end], dtype, device)
-        _mark_sharded(self.weight, 0, self.group)
+        self.weight = _param(full[self.vocab_start:self.vocab_end], dtype, device, 0, self.group)
 
     def forward(self, ids):
         if ids.dtype not in (torch.int64, torch.int32):

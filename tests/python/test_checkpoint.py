@@ -336,3 +336,203 @@ def test_tensor_parallel_layers_mark_their_shards():
     model = torch.nn.Sequential(col, torch.nn.LayerNorm(6), row)
     assert snn.tensor_sharding(model) == {"0.weight": (0, 0, 1), "0.bias": (0, 0, 1),
                                           "2.weight": (1, 0, 1)}
+
+
+# ---- the state_dict idiom: shard layouts, and loading in place ---------------------
+
+
+def sharded_mlp():
+    """A strata.nn MLP as tp rank 1 of 2 would hold it, built in one process:
+    its parameters are ShardedParameters laid out as on that rank."""
+    import strata.nn as snn
+    torch.manual_seed(3)
+    model = snn.ParallelMLP(4, 8, group=None)
+    for mod, dim in ((model.fc1, 0), (model.fc2, 1)):
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if isinstance(p, snn.ShardedParameter):
+                setattr(mod, name, snn.ShardedParameter(p.detach(), sharding=(dim, 1, 2)))
+    return model
+
+
+def unsharded(model):
+    """``model`` with each ShardedParameter replaced by a plain Parameter."""
+    import strata.nn as snn
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if isinstance(p, snn.ShardedParameter):
+                setattr(mod, name, torch.nn.Parameter(p.detach().clone()))
+    return model
+
+
+def test_state_dict_and_optimizer_states_of_tensor_parallel_layers_carry_their_layout():
+    import strata.nn as snn
+    col = snn.ColumnParallelLinear(4, 6, group=None)
+    sd = col.state_dict()
+    # model.state_dict() detaches: the layout comes along, as DTensor's does.
+    assert sd["weight"].tensor_parallel_sharding == (0, 0, 1)
+    assert sd["bias"].tensor_parallel_sharding == (0, 0, 1)
+    assert type(sd["weight"]) is torch.Tensor  # a plain tensor, in the parameter's memory
+    assert sd["weight"].data_ptr() == col.weight.data_ptr()
+    x = torch.randn(5, 2, 4)
+    for foreach in (False, True):  # torch's two AdamW implementations
+        m, ref = sharded_mlp(), unsharded(sharded_mlp())
+        y = m(x)
+        assert type(y) is torch.Tensor  # activations are not ShardedParameters
+        y.sum().backward()
+        ref(x).sum().backward()
+        assert type(m.fc1.weight.grad) is torch.Tensor
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1, foreach=foreach)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1, foreach=foreach)
+        for _ in range(2):
+            opt.step()
+            ref_opt.step()
+        # The same updates as on plain parameters.
+        for (n, a), (_, b) in zip(m.named_parameters(), ref.named_parameters()):
+            assert torch.equal(a, b), (n, foreach)
+        st = opt.state_dict()["state"]
+        for i, (name, p) in enumerate(m.named_parameters()):
+            spec = getattr(p, "tensor_parallel_sharding", None)
+            assert getattr(st[i]["exp_avg"], "tensor_parallel_sharding", None) == spec, name
+            assert getattr(st[i]["exp_avg_sq"], "tensor_parallel_sharding", None) == spec, name
+            assert getattr(st[i]["step"], "tensor_parallel_sharding", None) is None
+        assert st[0]["exp_avg"].tensor_parallel_sharding == (0, 1, 2)  # fc1.weight
+
+
+def test_sharded_parameters_survive_copies_and_conversions():
+    import copy
+    import strata.nn as snn
+    p = snn.ShardedParameter(torch.randn(2, 3), sharding=(1, 1, 4))
+    assert isinstance(p, torch.nn.Parameter) and p.requires_grad
+    for t in (p.detach(), p.clone(), p.data, torch.zeros_like(p), torch.empty_like(p),
+              torch.full_like(p, 2.0), torch.randn_like(p)):
+        assert type(t) is torch.Tensor and t.tensor_parallel_sharding == (1, 1, 4)
+    for t in (p * 2, p.sum(), p.t(), p.detach() + 1, p.reshape(-1)):
+        assert type(t) is torch.Tensor and not hasattr(t, "tensor_parallel_sharding")
+    q = copy.deepcopy(p)
+    assert type(q) is snn.ShardedParameter and q.tensor_parallel_sharding == (1, 1, 4)
+    assert torch.equal(q, p) and q.data_ptr() != p.data_ptr()
+    lin = torch.nn.Linear(3, 2)
+    lin.weight = p
+    lin.to(torch.float64)
+    assert type(lin.weight) is snn.ShardedParameter and lin.weight.dtype == torch.float64
+    assert lin.state_dict()["weight"].tensor_parallel_sharding == (1, 1, 4)
+    assert "dim 1, shard 1 of 4" in repr(p)
+    with pytest.raises(strata.InvalidArgument, match=r"0 <= dim < 2 .* got \(2, 0, 1\)"):
+        snn.ShardedParameter(torch.zeros(2, 3), sharding=(2, 0, 1))
+    with pytest.raises(strata.InvalidArgument, match=r"got \(0, 3, 2\)"):
+        snn.ShardedParameter(torch.zeros(2, 3), sharding=(0, 3, 2))
+
+
+def test_torch_optimizers_pick_their_usual_implementation_for_sharded_parameters(monkeypatch):
+    import torch.optim.optimizer as O
+    import strata.nn as snn
+    p = snn.ShardedParameter(torch.zeros(2, 2), sharding=(0, 0, 1))
+    q = torch.nn.Parameter(torch.zeros(2, 2))
+    # torch picks the multi-tensor (foreach) kernels by default on CUDA only;
+    # where it would, it picks them for a ShardedParameter as for a plain one
+    # (a type it does not know would get the per-parameter loop).
+    assert O._default_to_fused_or_foreach([p], False) == (False, False)  # CPU: the loop
+    monkeypatch.setattr(O, "_get_foreach_kernels_supported_devices", lambda: ["cpu"])
+    assert O._default_to_fused_or_foreach([q], False) == (False, True)
+    assert O._default_to_fused_or_foreach([p, q], False) == (False, True)
+    assert O._default_to_fused_or_foreach([p], False, use_fused=True) == (True, False)
+
+
+def stepped(seed=0):
+    torch.manual_seed(seed)
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2), 3, seed=1)
+    return model, opt
+
+
+def test_loading_into_state_dicts_fills_the_model_and_optimizer_in_place(tmp_path):
+    model, opt = stepped()
+    ckpt.save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path, step=3)
+    expected = train(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2), 3, seed=2)
+
+    model2, opt2 = stepped(seed=5)  # other weights, other Adam states
+    before = {n: p.data_ptr() for n, p in model2.named_parameters()}
+    sd = {"model": model2.state_dict(), "optim": opt2.state_dict()}
+    inner, exp_avg = sd["model"], sd["optim"]["state"][0]["exp_avg"]
+    assert ckpt.load(tmp_path, sd) is sd
+    assert sd["model"] is inner and sd["optim"]["state"][0]["exp_avg"] is exp_avg
+    # The model was loaded without load_state_dict: its own memory was filled.
+    for n, p in model2.named_parameters():
+        assert p.data_ptr() == before[n]
+    ckpt.load(tmp_path, {"model": model.state_dict(), "optim": opt.state_dict()}, step=3)
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    opt2.load_state_dict(sd["optim"])  # as torch.distributed.checkpoint users do
+    assert train(model2, opt2, torch.optim.lr_scheduler.StepLR(opt2, 2), 3, seed=2) == expected
+
+
+def test_loading_into_a_flat_state_dict_fills_the_model(tmp_path):
+    model, _ = stepped()
+    ckpt.save(model.state_dict(), tmp_path, step=1)
+    model2, _ = stepped(seed=9)
+    sd = model2.state_dict()
+    assert ckpt.load(tmp_path, sd) is sd
+    for (n, a), (_, b) in zip(model.named_parameters(), model2.named_parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_an_optimizer_state_dict_without_states_gets_them_from_the_checkpoint(tmp_path):
+    model, opt = stepped()
+    ckpt.save(opt.state_dict(), tmp_path, step=1)
+    model2 = stepped(seed=4)[0]
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=0.5)  # no states yet
+    sd = opt2.state_dict()
+    states, groups = sd["state"], sd["param_groups"]
+    assert ckpt.load(tmp_path, sd) is sd
+    assert sd["state"] is states and sd["param_groups"] is groups  # filled, not replaced
+    opt2.load_state_dict(sd)
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    for p, q in zip(model.parameters(), model2.parameters()):
+        for field in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(opt.state[p][field], opt2.state[q][field])
+
+
+def test_a_state_dict_tensor_the_checkpoint_lacks_is_an_error(tmp_path):
+    model, _ = stepped()
+    ckpt.save({"model": model.state_dict()}, tmp_path, step=1)
+    sd = {"model": model.state_dict()}
+    sd["model"]["extra"] = torch.zeros(2)
+    with pytest.raises(strata.CheckpointError, match=r"missing from checkpoint step 1: "
+                       r"'model.extra'") as e:
+        ckpt.load(tmp_path, sd)
+    assert e.value.code == "NOT_FOUND"
+    ckpt.load(tmp_path, sd, strict=False)
+    assert torch.equal(sd["model"]["extra"], torch.zeros(2))
+    wrong = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+    wrong["model"]["fc1.weight"] = torch.zeros(3, 3)
+    with pytest.raises(strata.CheckpointError, match="tensor 'model.fc1.weight': shape mismatch"):
+        ckpt.load(tmp_path, wrong)
+
+
+def test_the_device_digest_of_replicas_sees_every_byte():
+    # The digest strata compares replicas on a GPU by, run here on the CPU
+    # (the same torch operators).
+    from strata._checkpoint_tree import device_digest
+
+    def d(t, chunk_words=1 << 22):
+        return int(device_digest(t.contiguous(), chunk_words))
+
+    x = random_tensor(torch.float32, (1001, 7), 5)  # 28028 bytes: not whole 8-byte words
+    base = d(x)
+    assert d(x.clone()) == base
+    assert d(x, chunk_words=1000) == base  # chunked or not
+    flat = x.reshape(-1).view(torch.uint8)
+    for at in (0, 7, 8, 20000, flat.numel() - 1):
+        y = flat.clone()
+        y[at] ^= 1
+        assert d(y) != d(flat), at
+    words = x.reshape(-1)[:7000].view(torch.int64)
+    assert d(words.flip(0)) != d(words)  # the order of the words counts
+    assert d(x.reshape(-1)[:-1]) != base  # and the length
+    assert d(torch.zeros(0)) != d(torch.zeros(2))
+    for dt in ALL_DTYPES:
+        t = random_tensor(dt, (3, 5), 1)
+        assert d(t) == d(t.clone())
+    if torch.cuda.is_available():
+        assert d(x.cuda()) == base

@@ -24,7 +24,16 @@ namespace strata::testing_util {
 class FakeHub : public std::enable_shared_from_this<FakeHub> {
  public:
   explicit FakeHub(int size) : size_(size) {}
+  // A group named `name` whose rank r is world rank world_ranks[r].
+  FakeHub(std::string name, std::vector<int> world_ranks)
+      : size_(static_cast<int>(world_ranks.size())),
+        name_(std::move(name)),
+        world_ranks_(std::move(world_ranks)) {}
   int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  int world_rank(int rank) const {
+    return world_ranks_.empty() ? rank : world_ranks_[static_cast<size_t>(rank)];
+  }
   std::unique_ptr<Communicator> Endpoint(int rank);
 
   struct Round {
@@ -77,6 +86,8 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
 
  private:
   const int size_;
+  const std::string name_ = "fake";
+  const std::vector<int> world_ranks_;  // empty: the group is the world
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<int64_t, Round> rounds_;  // guarded by mu_
@@ -129,8 +140,8 @@ class FakeComm : public Communicator {
   FakeComm(std::shared_ptr<FakeHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return hub_->size(); }
-  const std::string& name() const override { return name_; }
-  int world_rank() const override { return rank_; }
+  const std::string& name() const override { return hub_->name(); }
+  int world_rank() const override { return hub_->world_rank(rank_); }
   absl::string_view backend() const override { return "fake"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
 
@@ -207,7 +218,6 @@ class FakeComm : public Communicator {
   std::shared_ptr<FakeHub> hub_;
   int rank_;
   int64_t seq_ = 0;  // used by the rank's one checkpoint writer thread
-  std::string name_ = "fake";
 };
 
 inline std::unique_ptr<Communicator> FakeHub::Endpoint(int rank) {
