@@ -197,7 +197,7 @@ class PyRunner {
     options_.allocate = [this](const TensorSpec& spec) -> absl::StatusOr<StageTensor> {
       return callbacks_->Allocate(spec);
     };
-    runner_ = Unwrap(pipeline::PipelineRunner::Create(schedule, group_.comm, options_), kArea);
+    runner_ = Unwrap(pipeline::PipelineRunner::Create(schedule, GroupHandle::Fixed(group_.comm), options_), kArea);
   }
 
   StepResult Step(py::object forward, py::object backward, py::object allocate) {
