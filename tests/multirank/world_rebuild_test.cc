@@ -200,6 +200,40 @@ TEST_F(WorldRebuildTest, AbortAllFromAnotherThreadThenRebuild) {
   CheckGroup(*world, *again, "dp");
 }
 
+// A thread waiting for work of the old generation while another rebuilds
+// the World gets Aborted, and the wait never touches the destroyed
+// communicator (Gloo: a waiter may be running the transfer's completion
+// itself; the communicator waits for it to leave).
+TEST_F(WorldRebuildTest, WorkWaitedForOnAnotherThreadDuringARebuild) {
+  MeshSpec spec;
+  spec.world_size = size();
+  absl::StatusOr<LaunchEnv> env = LaunchEnv::Detect();
+  ASSERT_TRUE(env.ok());
+  STRATA_ASSERT_OK_AND_ASSIGN(auto world, World::Create(*env, MakeMesh(spec), WorldTestOptions()));
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Communicator> spare,
+                              world->root().Split(0, world->rank(), RootOptionsNamed("spare")));
+  STRATA_ASSERT_OK_AND_ASSIGN(Communicator * dp, world->Group("dp"));
+  int32_t never = 0;
+  const int from = (dp->rank() + 1) % dp->size();
+  STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Work> recv, dp->Recv(Buffer::Of(&never, 1), from));
+  absl::Status waited;
+  std::atomic<bool> started{false};
+  std::thread waiter([&] {
+    started.store(true);
+    waited = recv->Wait(absl::Now() + absl::Seconds(100));  // only the rebuild ends it
+  });
+  while (!started.load()) std::this_thread::yield();
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  STRATA_ASSERT_OK(world->Rebuild(std::move(spare), world->mesh()));
+  waiter.join();
+  ExpectEndedByAbort(waited);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  EXPECT_EQ(recv->Wait(absl::Now()).code(), waited.code());  // again, after
+  EXPECT_EQ(recv->Test().status().code(), waited.code());
+  CheckGroups(*world, {"dp"});
+}
+
 // Bad arguments leave the World as it was; a rebuild that fails later
 // leaves it broken at the new generation, saying why, until a rebuild
 // succeeds.
