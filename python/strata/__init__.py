@@ -5,7 +5,7 @@ tensor- and pipeline-parallel building blocks, async sharded checkpoints and
 in-process recovery from failed ranks. See README.md and docs/.
 """
 
-from . import errors, pipeline
+from . import errors
 from ._strata import LaunchEnv, Mesh, available_backends, build_info, launch_env
 from .comm import Group, Work, World, init
 from .errors import (
@@ -19,8 +19,6 @@ from .errors import (
     RankFailure,
     TopologyError,
 )
-from . import topology  # noqa: E402  (needs _strata loaded)
-from . import store  # noqa: E402  (needs _strata loaded)
 
 __version__ = build_info()["version"]
 
@@ -49,11 +47,26 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    # strata.nn imports torch, so it is loaded on first use rather than by
-    # `import strata`.
-    if name == "nn":
-        import importlib
+def _submodules():
+    """The public submodules of the package (strata.checkpoint, strata.nn,
+    ...), found on disk, so that a new one needs no entry here."""
+    import pkgutil
 
-        return importlib.import_module(".nn", __name__)
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def __getattr__(name):
+    # Submodules load on first use, as numpy and scipy load theirs:
+    # `import strata` stays cheap and does not import torch (strata.nn,
+    # strata.checkpoint and strata.pipeline's executor do), yet
+    # `strata.checkpoint.save(...)` works after a plain `import strata`.
+    if not name.startswith("_"):
+        import importlib.util
+
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'strata' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_submodules()))

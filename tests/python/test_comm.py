@@ -2,6 +2,10 @@
 every operation on torch tensors and numpy arrays, and every error a user
 can cause from Python."""
 
+import pkgutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -199,6 +203,44 @@ def test_a_group_reports_the_name_it_was_asked_by():
             assert f"on group {want} (rank 0 of 1" in str(e.value), str(e.value)
             g.send(torch.ones(1), 0)
             work.wait()
+
+
+SUBMODULES = ["checkpoint", "nn", "pipeline", "topology", "store", "nccl"]
+
+
+def _fresh(code):
+    """Runs `code` in a fresh interpreter (the package's state as a user
+    finds it after `import strata`)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_import_strata_does_not_import_torch():
+    _fresh("import strata, sys; assert 'torch' not in sys.modules, 'torch imported'")
+
+
+@pytest.mark.parametrize("name", SUBMODULES)
+def test_submodules_are_attributes_after_import_strata(name):
+    """`import strata` then `strata.checkpoint.save(...)` raised
+    AttributeError at 3f6f648."""
+    _fresh(f"import strata; m = strata.{name}; assert m.__name__ == 'strata.{name}', m")
+
+
+def test_every_public_submodule_is_reached_lazily():
+    # The mechanism has no list: every public module of the package (those
+    # to come too) is an attribute, loaded on first use.
+    found = sorted(m.name for m in pkgutil.iter_modules(strata.__path__)
+                   if not m.name.startswith("_"))
+    assert set(SUBMODULES) <= set(found)
+    _fresh("import strata, sys\n"
+           f"for n in {found!r}:\n"
+           "    assert f'strata.{n}' not in sys.modules or n in ('comm', 'errors'), n\n"
+           "    assert getattr(strata, n).__name__ == f'strata.{n}'\n"
+           "assert callable(strata.checkpoint.save)\n"
+           "assert set(dir(strata)) >= set(" + repr(found) + ")\n")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        strata.no_such_module
 
 
 # ---- generations ------------------------------------------------------------
