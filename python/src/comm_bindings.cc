@@ -6,15 +6,25 @@
 // arrays, so the extension needs neither torch's nor numpy's C API. Every
 // operation keeps a reference to the Python objects whose memory it uses
 // until it has completed; the GIL is released while operations start,
-// while waiting, and while worlds are built and destroyed.
+// while waiting, and while worlds are built, rebuilt and destroyed.
+//
+// A _Group is a group handle (strata/parallel/group_handle.h): a world's
+// group of some axes, resolved at each call (the communicator is cached per
+// world generation, so a call costs a generation check), or a communicator
+// made by split/shrink that the _Group's owner holds. Every use of a
+// communicator happens with the GIL released and the owner's lock shared,
+// so a world cannot be destroyed or rebuilt under an operation being
+// started; rebuild and destroy take the lock exclusively.
 #include <pybind11/stl.h>
 
 #include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,6 +35,7 @@
 #include "registry.h"
 #include "status_map.h"
 #include "store_handle.h"
+#include "strata/base/status.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
@@ -37,28 +48,59 @@ namespace {
 
 // Owns what a group's communicator lives in: a World, or a communicator
 // made by Split/Shrink. Groups and works hold it; destroy() ends it. The
-// lock keeps destroy() from running while an operation is being started.
+// lock keeps destroy() and rebuilds from running while a communicator is
+// used; `abort_mu_` lets AbortAll reach the world without that lock (it
+// must not wait for the operations it is meant to end).
 class Owner {
  public:
-  explicit Owner(std::unique_ptr<World> world) : world_(std::move(world)) {}
-  explicit Owner(std::unique_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  explicit Owner(std::unique_ptr<World> world) : is_world_(true), world_(std::move(world)) {}
+  explicit Owner(std::unique_ptr<Communicator> comm) : is_world_(false), comm_(std::move(comm)) {}
 
+  // Lock held (shared) while alive.
   World* world() { return world_.get(); }
   Communicator* comm() { return comm_.get(); }
+  bool owns_world() const { return is_world_; }
   std::shared_mutex& mu() { return mu_; }
   bool alive() const { return alive_.load(); }
+  // The world's generation; 1 for a communicator owner. Lock held.
+  uint64_t generation() const { return world_ != nullptr ? world_->generation() : 1; }
+  // Why the owner is gone, for the errors of its groups.
+  absl::Status Gone(absl::string_view group) const {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return absl::FailedPreconditionError(absl::StrCat("group '", group, "': ", gone_));
+  }
 
   // Called with the GIL released.
   void Destroy() {
     std::unique_lock<std::shared_mutex> lock(mu_);
+    std::lock_guard<std::mutex> abort(abort_mu_);
+    if (alive_.load()) {
+      gone_ = is_world_ ? "its world was destroyed; create a new one with strata.init"
+                        : "this group was destroyed";
+    }
     alive_.store(false);
     world_.reset();
     comm_.reset();
   }
+  // Hands the communicator over (to become a world's root); the owner's
+  // groups then fail with `why`. Called with the GIL released.
+  std::unique_ptr<Communicator> Release(const std::string& why) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    std::lock_guard<std::mutex> abort(abort_mu_);
+    alive_.store(false);
+    gone_ = why;
+    return std::move(comm_);
+  }
+  // From any thread, without waiting for operations in progress.
+  void AbortAll() {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (world_ != nullptr) world_->AbortAll();
+    if (comm_ != nullptr) (void)comm_->Abort();
+  }
 
   // Python objects whose memory an unfinished (or failed) operation may
   // still use, kept until it completes successfully (or forever when it
-  // failed: MPI may still write into them).
+  // failed: MPI may still write into them). GIL held.
   void KeepUntilDone(std::shared_ptr<Work> work, py::object keep) {
     Purge();
     inflight_.emplace_back(std::move(work), std::move(keep));
@@ -88,7 +130,10 @@ class Owner {
 
  private:
   std::shared_mutex mu_;
+  mutable std::mutex abort_mu_;
   std::atomic<bool> alive_{true};
+  const bool is_world_;
+  std::string gone_;
   std::unique_ptr<World> world_;
   std::unique_ptr<Communicator> comm_;
   std::vector<std::pair<std::shared_ptr<Work>, py::object>> inflight_;
@@ -108,7 +153,8 @@ class PyWork {
 
   // Waits in slices so that Ctrl-C reaches Python; `timeout` in seconds
   // (None: until the operation completes or fails, which its own timeout
-  // bounds).
+  // bounds). A Work outlives its communicator safely (it then fails with
+  // Aborted).
   bool Wait(std::optional<double> timeout) {
     const absl::Time deadline =
         timeout ? absl::Now() + absl::Seconds(*timeout) : absl::InfiniteFuture();
@@ -167,102 +213,57 @@ class PyWork {
   py::object keep_;
 };
 
-// (address, count, dtype) for host memory; (address, count, dtype, stream)
-// for a CUDA tensor, with the current torch stream (cudaStream_t as an int).
-Buffer ToBuffer(const py::tuple& t) {
+// A buffer tuple read with the GIL held: (address, count, dtype) for host
+// memory; (address, count, dtype, stream) for a CUDA tensor, with the
+// current torch stream (cudaStream_t as an int).
+struct BufferArg {
+  Buffer buffer;
+  bool cuda = false;
+  void* stream = nullptr;
+};
+
+BufferArg ToBuffer(const py::tuple& t) {
   if (t.size() != 3 && t.size() != 4) {
     RaiseStatus(absl::InvalidArgumentError("buffer must be (address, count, dtype[, stream])"),
                 ErrorArea::kComm);
   }
+  BufferArg out;
   const uintptr_t address = t[0].cast<uintptr_t>();
   const size_t count = t[1].cast<size_t>();
   DataType dtype = Unwrap(ParseDataType(t[2].cast<std::string>()), ErrorArea::kComm);
-  return Buffer{reinterpret_cast<void*>(address), count, dtype};
+  out.buffer = Buffer{reinterpret_cast<void*>(address), count, dtype};
+  out.cuda = t.size() == 4;
+  if (out.cuda) out.stream = reinterpret_cast<void*>(t[3].cast<uintptr_t>());
+  return out;
 }
 
 // The operation's options: its timeout, and for a device backend the
-// stream of `buffer` (a CUDA tensor's current torch stream). The buffer's
-// memory must be the communicator's.
-OpOptions Opts(Communicator& c, std::optional<double> timeout, const py::tuple& buffer,
-               const py::tuple& other = py::tuple()) {
+// stream of `buffer` (a CUDA tensor's current torch stream). The buffers'
+// memory must be the communicator's. No Python objects: runs without the
+// GIL.
+absl::StatusOr<OpOptions> Opts(Communicator& c, std::optional<double> timeout,
+                               const BufferArg& buffer, const BufferArg* other = nullptr) {
   OpOptions o;
   if (timeout) o.timeout = absl::Seconds(*timeout);
-  const bool cuda = buffer.size() == 4;
-  if (other.size() > 0 && (other.size() == 4) != cuda) {
-    RaiseStatus(absl::InvalidArgumentError(
-                    absl::StrCat("group ", c.name(),
-                                 ": the input and output must both be CUDA tensors or "
-                                 "both be on the CPU")),
-                ErrorArea::kComm);
+  if (other != nullptr && other->cuda != buffer.cuda) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group ", c.name(),
+                     ": the input and output must both be CUDA tensors or both be on the CPU"));
   }
-  if (cuda != (c.memory() == MemoryKind::kCuda)) {
-    RaiseStatus(absl::InvalidArgumentError(
-                    absl::StrCat("the ", c.backend(), " backend of group ", c.name(), " works on ",
-                                 c.memory() == MemoryKind::kCuda ? "CUDA" : "CPU",
-                                 " tensors; got a ", cuda ? "CUDA tensor" : "CPU tensor or array",
-                                 cuda ? " (strata.init(backend='nccl') for CUDA tensors)" : "")),
-                ErrorArea::kComm);
+  if (buffer.cuda != (c.memory() == MemoryKind::kCuda)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", c.backend(), " backend of group ", c.name(), " works on ",
+                     c.memory() == MemoryKind::kCuda ? "CUDA" : "CPU", " tensors; got a ",
+                     buffer.cuda ? "CUDA tensor" : "CPU tensor or array",
+                     buffer.cuda ? " (strata.init(backend='nccl') for CUDA tensors)" : ""));
   }
-  if (cuda) o.stream = reinterpret_cast<void*>(buffer[3].cast<uintptr_t>());
+  if (buffer.cuda) o.stream = buffer.stream;
   return o;
 }
 
 absl::Duration Seconds(std::optional<double> s, absl::Duration fallback) {
   return s ? absl::Seconds(*s) : fallback;
 }
-
-class PyGroup {
- public:
-  PyGroup(std::shared_ptr<Owner> owner, Communicator* comm)
-      : owner_(std::move(owner)), comm_(comm) {}
-
-  Communicator& comm() const {
-    if (!owner_->alive()) {
-      RaiseStatus(absl::FailedPreconditionError(
-                      "this group's world (or communicator) was destroyed; create a new one"),
-                  ErrorArea::kComm);
-    }
-    return *comm_;
-  }
-  int rank() const { return comm().rank(); }
-  int size() const { return comm().size(); }
-  std::string name() const { return comm().name(); }
-  std::string backend() const { return std::string(comm().backend()); }
-  std::string transport() const { return comm().transport(); }
-
-  // Starts an operation with the GIL released and the owner kept alive.
-  template <typename F>
-  std::unique_ptr<PyWork> Start(F&& start, py::object keep) {
-    Communicator& c = comm();
-    owner_->Purge();
-    absl::StatusOr<std::unique_ptr<Work>> work;
-    {
-      py::gil_scoped_release release;
-      std::shared_lock<std::shared_mutex> lock(owner_->mu());
-      if (!owner_->alive()) {
-        work = absl::FailedPreconditionError("the group's world was destroyed");
-      } else {
-        work = start(c);
-      }
-    }
-    if (!work.ok()) RaiseStatus(work.status(), ErrorArea::kComm);
-    return std::make_unique<PyWork>(owner_, std::shared_ptr<Work>(std::move(work).value()),
-                                    std::move(keep));
-  }
-
-  std::unique_ptr<PyGroup> Derived(absl::StatusOr<std::unique_ptr<Communicator>> made) {
-    if (!made.ok()) RaiseStatus(made.status(), ErrorArea::kComm);
-    if (*made == nullptr) return nullptr;
-    Communicator* raw = made->get();
-    return std::make_unique<PyGroup>(std::make_shared<Owner>(std::move(made).value()), raw);
-  }
-
-  std::shared_ptr<Owner> owner() const { return owner_; }
-
- private:
-  std::shared_ptr<Owner> owner_;
-  Communicator* comm_;
-};
 
 OpOptions Timeout(std::optional<double> timeout) {
   OpOptions o;
@@ -272,22 +273,176 @@ OpOptions Timeout(std::optional<double> timeout) {
 
 ReduceOp Op(const std::string& name) { return Unwrap(ParseReduceOp(name), ErrorArea::kComm); }
 
+template <typename T>
+struct IsStatusOr : std::false_type {};
+template <typename T>
+struct IsStatusOr<absl::StatusOr<T>> : std::true_type {};
+
+class PyGroup {
+ public:
+  PyGroup(std::shared_ptr<Owner> owner, GroupHandle handle)
+      : owner_(std::move(owner)), handle_(std::move(handle)) {}
+
+  // The name the group was asked by ("dp-cp" for "cp-dp"), or the name of
+  // a split/shrunk communicator.
+  const std::string& name() const { return handle_.name(); }
+  const GroupHandle& handle() const { return handle_; }
+  std::shared_ptr<Owner> owner() const { return owner_; }
+
+  // The communicator of the world's current generation. Owner's lock held
+  // (shared), GIL released.
+  absl::StatusOr<Communicator*> ResolveLocked() {
+    if (!owner_->alive()) return owner_->Gone(name());
+    const uint64_t generation = owner_->generation();
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_ != nullptr && cached_generation_ == generation) return cached_;
+    absl::StatusOr<Communicator*> comm = handle_.Resolve();
+    if (!comm.ok()) {
+      if (cached_generation_ != 0 && cached_generation_ != generation) {
+        return internal::Annotate(
+            comm.status(),
+            absl::StrCat("group '", name(), "' (last used at world generation ", cached_generation_,
+                         ") cannot follow the world to "
+                         "generation ",
+                         generation));
+      }
+      return comm.status();
+    }
+    cached_ = *comm;
+    cached_generation_ = generation;
+    return cached_;
+  }
+
+  // Calls fn(Communicator&) with the GIL released and the owner locked;
+  // fn returns a Status or a StatusOr, whose error is raised (in `area`)
+  // once the GIL is back.
+  template <typename F>
+  auto With(F&& fn, ErrorArea area = ErrorArea::kComm) {
+    using R = std::invoke_result_t<F, Communicator&>;
+    R result = [&]() -> R {
+      py::gil_scoped_release release;
+      std::shared_lock<std::shared_mutex> lock(owner_->mu());
+      absl::StatusOr<Communicator*> comm = ResolveLocked();
+      if (!comm.ok()) return comm.status();
+      return fn(**comm);
+    }();
+    if constexpr (IsStatusOr<R>::value) {
+      return Unwrap(std::move(result), area);
+    } else {
+      ThrowIfError(result, area);
+    }
+  }
+
+  // Starts an operation with the GIL released and the owner kept alive.
+  template <typename F>
+  std::unique_ptr<PyWork> Start(F&& start, py::object keep) {
+    owner_->Purge();
+    std::unique_ptr<Work> work = With(std::forward<F>(start));
+    return std::make_unique<PyWork>(owner_, std::shared_ptr<Work>(std::move(work)),
+                                    std::move(keep));
+  }
+
+  std::unique_ptr<PyGroup> Derived(std::unique_ptr<Communicator> made) {
+    if (made == nullptr) return nullptr;
+    GroupHandle handle = GroupHandle::Fixed(made.get());
+    return std::make_unique<PyGroup>(std::make_shared<Owner>(std::move(made)), std::move(handle));
+  }
+
+  // A _Group whose handle refuses layout changes (GroupHandle::Pin).
+  std::unique_ptr<PyGroup> Pinned(const std::string& holder) {
+    GroupHandle pinned = With([&](Communicator&) { return handle_.Pin(holder); });
+    return std::make_unique<PyGroup>(owner_, std::move(pinned));
+  }
+
+ private:
+  std::shared_ptr<Owner> owner_;
+  const GroupHandle handle_;
+  std::mutex cache_mu_;
+  Communicator* cached_ = nullptr;
+  uint64_t cached_generation_ = 0;
+};
+
+PyGroup& RawGroup(py::handle group) {
+  py::handle raw = group;
+  if (py::hasattr(group, "_raw")) raw = group.attr("_raw");
+  if (raw.is_none() || !py::isinstance<PyGroup>(raw)) {
+    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                    "expected a strata.Group (world.group(...)), got ",
+                    py::str(py::type::of(group).attr("__name__")).cast<std::string>())),
+                ErrorArea::kComm);
+  }
+  return raw.cast<PyGroup&>();
+}
+
 class PyWorld {
  public:
   explicit PyWorld(std::unique_ptr<World> world)
       : mesh_(world->mesh()), owner_(std::make_shared<Owner>(std::move(world))) {}
   ~PyWorld() { Destroy(); }
 
-  World& world() const {
-    if (!owner_->alive()) {
-      RaiseStatus(absl::FailedPreconditionError("the world was destroyed"), ErrorArea::kComm);
+  // Calls fn(World&) with the GIL released and the world locked (shared);
+  // raises CommError once the world was destroyed.
+  template <typename F>
+  auto With(F&& fn) const {
+    using R = std::invoke_result_t<F, World&>;
+    std::optional<R> result;
+    {
+      py::gil_scoped_release release;
+      std::shared_lock<std::shared_mutex> lock(owner_->mu());
+      if (owner_->alive()) result.emplace(fn(*owner_->world()));
     }
-    return *owner_->world();
+    if (!result.has_value()) ThrowIfError(owner_->Gone("world"), ErrorArea::kComm);
+    return std::move(*result);
   }
+
+  // The handle of `axes`; creates the group (collectively) if it is new.
   std::unique_ptr<PyGroup> Group(const std::string& axes) const {
-    Communicator* c = Unwrap(world().Group(axes), ErrorArea::kComm);
-    return std::make_unique<PyGroup>(owner_, c);
+    GroupHandle handle = Unwrap(With([&](World& w) { return w.Handle(axes); }), ErrorArea::kComm);
+    return std::make_unique<PyGroup>(owner_, std::move(handle));
   }
+
+  // Takes over `root` (a group made by shrink or split) as the new root and
+  // rebuilds the world over `mesh` (World::Rebuild).
+  void Rebuild(py::handle root, const Mesh& mesh) {
+    PyGroup& group = RawGroup(root);
+    std::shared_ptr<Owner> from = group.owner();
+    if (from->owns_world()) {
+      RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                      "the new root must be a group made by shrink or split, which the world "
+                      "takes over; group '",
+                      group.name(), "' belongs to a world")),
+                  ErrorArea::kComm);
+    }
+    if (!owner_->alive()) ThrowIfError(owner_->Gone("world"), ErrorArea::kComm);
+    absl::Status s;
+    uint64_t generation = 0;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::shared_mutex> lock(owner_->mu());
+      if (!owner_->alive()) {
+        s = absl::FailedPreconditionError("the world was destroyed");
+      } else {
+        generation = owner_->world()->generation();
+        std::unique_ptr<Communicator> comm =
+            from->Release(absl::StrCat("it became the root of world generation ", generation + 1,
+                                       "; use world.group() instead"));
+        if (comm == nullptr) {
+          s = absl::FailedPreconditionError(
+              absl::StrCat("group '", group.name(), "' was destroyed; it cannot become the root"));
+        } else {
+          s = owner_->world()->Rebuild(std::move(comm), mesh);
+          if (owner_->world()->generation() != generation) mesh_ = mesh;
+        }
+      }
+    }
+    ThrowIfError(s, ErrorArea::kComm);
+  }
+
+  void AbortAll() {
+    py::gil_scoped_release release;
+    owner_->AbortAll();
+  }
+
   void Destroy() {
     owner_->ReleaseAllToGraveyard();
     py::gil_scoped_release release;
@@ -297,12 +452,13 @@ class PyWorld {
   const Mesh& mesh() const { return mesh_; }
 
  private:
-  Mesh mesh_;
+  Mesh mesh_;  // kept for repr after destroy; updated by Rebuild
   std::shared_ptr<Owner> owner_;
 };
 
 std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<double> timeout,
+                                   std::optional<double> group_timeout,
                                    std::optional<std::map<std::string, std::string>> env,
                                    std::optional<PyStore> store) {
   LaunchEnv launch =
@@ -310,6 +466,7 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
   WorldOptions options;
   options.root.backend = backend;
   if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
+  if (group_timeout) options.group_creation_timeout = absl::Seconds(*group_timeout);
   if (store) options.root.store = store->store;
   absl::StatusOr<std::unique_ptr<World>> world;
   {
@@ -320,6 +477,172 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
   return std::make_unique<PyWorld>(std::move(world).value());
 }
 
+// The group operations: each reads its arguments with the GIL held, then
+// starts on the resolved communicator without it.
+void RegisterGroup(py::module_& m) {
+  using B = py::tuple;
+  using T = std::optional<double>;
+  using WorkOr = absl::StatusOr<std::unique_ptr<Work>>;
+  py::class_<PyGroup>(m, "_Group")
+      .def_property_readonly(
+          "rank",
+          [](PyGroup& g) {
+            return g.With([](Communicator& c) -> absl::StatusOr<int> { return c.rank(); });
+          })
+      .def_property_readonly(
+          "size",
+          [](PyGroup& g) {
+            return g.With([](Communicator& c) -> absl::StatusOr<int> { return c.size(); });
+          })
+      .def_property_readonly("name", &PyGroup::name)
+      .def_property_readonly("backend",
+                             [](PyGroup& g) {
+                               return g.With([](Communicator& c) -> absl::StatusOr<std::string> {
+                                 return std::string(c.backend());
+                               });
+                             })
+      .def_property_readonly("transport",
+                             [](PyGroup& g) {
+                               return g.With([](Communicator& c) -> absl::StatusOr<std::string> {
+                                 return c.transport();
+                               });
+                             })
+      .def_property_readonly("memory",
+                             [](PyGroup& g) {
+                               return g.With([](Communicator& c) -> absl::StatusOr<std::string> {
+                                 return c.memory() == MemoryKind::kCuda ? "cuda" : "host";
+                               });
+                             })
+      .def_property_readonly("follows_world",
+                             [](const PyGroup& g) { return g.handle().has_world(); })
+      .def("allreduce",
+           [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             ReduceOp o = Op(op);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.AllReduce(s.buffer, r.buffer, o, opts);
+                 },
+                 keep);
+           })
+      .def("broadcast",
+           [](PyGroup& g, B buf, int root, T timeout, py::object keep) {
+             BufferArg b = ToBuffer(buf);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, b));
+                   return c.Broadcast(b.buffer, root, opts);
+                 },
+                 keep);
+           })
+      .def("reduce",
+           [](PyGroup& g, B send, B recv, const std::string& op, int root, T timeout,
+              py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             ReduceOp o = Op(op);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.Reduce(s.buffer, r.buffer, o, root, opts);
+                 },
+                 keep);
+           })
+      .def("allgather",
+           [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.AllGather(s.buffer, r.buffer, opts);
+                 },
+                 keep);
+           })
+      .def("reduce_scatter",
+           [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             ReduceOp o = Op(op);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.ReduceScatter(s.buffer, r.buffer, o, opts);
+                 },
+                 keep);
+           })
+      .def("all_to_all",
+           [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.AllToAll(s.buffer, r.buffer, opts);
+                 },
+                 keep);
+           })
+      .def("all_to_all_v",
+           [](PyGroup& g, B send, B recv, std::vector<size_t> send_counts,
+              std::vector<size_t> recv_counts, T timeout, py::object keep) {
+             BufferArg s = ToBuffer(send), r = ToBuffer(recv);
+             AllToAllCounts counts{std::move(send_counts), std::move(recv_counts)};
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, s, &r));
+                   return c.AllToAllV(s.buffer, r.buffer, counts, opts);
+                 },
+                 keep);
+           })
+      .def("barrier",
+           [](PyGroup& g, T timeout) {
+             return g.Start([&](Communicator& c) -> WorkOr { return c.Barrier(Timeout(timeout)); },
+                            py::none());
+           })
+      .def("send",
+           [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
+             BufferArg b = ToBuffer(buf);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, b));
+                   return c.Send(b.buffer, peer, opts);
+                 },
+                 keep);
+           })
+      .def("recv",
+           [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
+             BufferArg b = ToBuffer(buf);
+             return g.Start(
+                 [&](Communicator& c) -> WorkOr {
+                   STRATA_ASSIGN_OR_RETURN(OpOptions opts, Opts(c, timeout, b));
+                   return c.Recv(b.buffer, peer, opts);
+                 },
+                 keep);
+           })
+      .def("split",
+           [](PyGroup& g, int color, int key, const std::string& name, T timeout) {
+             CommOptions o;
+             o.name = name;
+             o.timeout = Seconds(timeout, o.timeout);
+             return g.Derived(g.With([&](Communicator& c) { return c.Split(color, key, o); }));
+           })
+      .def("shrink",
+           [](PyGroup& g, std::vector<int> excluded, const std::string& name, T timeout) {
+             CommOptions o;
+             o.name = name;
+             o.timeout = Seconds(timeout, o.timeout);
+             return g.Derived(g.With([&](Communicator& c) { return c.Shrink(excluded, o); }));
+           })
+      .def("abort", [](PyGroup& g) { g.With([](Communicator& c) { return c.Abort(); }); })
+      .def("revoke", [](PyGroup& g) { g.With([](Communicator& c) { return c.Revoke(); }); })
+      .def("async_error",
+           [](PyGroup& g) { g.With([](Communicator& c) { return c.AsyncError(); }); })
+      .def("pinned", &PyGroup::Pinned, py::arg("holder"))
+      .def("destroy", [](PyGroup& g) {
+        // Only groups made by split/shrink own their communicator.
+        if (g.owner()->owns_world()) return;
+        py::gil_scoped_release release;
+        g.owner()->Destroy();
+      });
+}
+
 Registration reg(kOrderWorld, [](py::module_& m) {
   py::class_<PyWork>(m, "_Work")
       .def("wait", &PyWork::Wait, py::arg("timeout") = py::none())
@@ -327,147 +650,40 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def("describe", &PyWork::Describe)
       .def("__repr__", [](const PyWork& w) { return "<strata.Work " + w.Describe() + ">"; });
 
-  using B = py::tuple;
-  using T = std::optional<double>;
-  py::class_<PyGroup>(m, "_Group")
-      .def_property_readonly("rank", &PyGroup::rank)
-      .def_property_readonly("size", &PyGroup::size)
-      .def_property_readonly("name", &PyGroup::name)
-      .def_property_readonly("backend", &PyGroup::backend)
-      .def_property_readonly("transport", &PyGroup::transport)
-      .def_property_readonly(
-          "memory",
-          [](const PyGroup& g) { return g.comm().memory() == MemoryKind::kCuda ? "cuda" : "host"; })
-      .def("allreduce",
-           [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             ReduceOp o = Op(op);
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.AllReduce(s, r, o, opts); }, keep);
-           })
-      .def("broadcast",
-           [](PyGroup& g, B buf, int root, T timeout, py::object keep) {
-             Buffer b = ToBuffer(buf);
-             const OpOptions opts = Opts(g.comm(), timeout, buf);
-             return g.Start([&](Communicator& c) { return c.Broadcast(b, root, opts); }, keep);
-           })
-      .def("reduce",
-           [](PyGroup& g, B send, B recv, const std::string& op, int root, T timeout,
-              py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             ReduceOp o = Op(op);
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.Reduce(s, r, o, root, opts); }, keep);
-           })
-      .def("allgather",
-           [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.AllGather(s, r, opts); }, keep);
-           })
-      .def("reduce_scatter",
-           [](PyGroup& g, B send, B recv, const std::string& op, T timeout, py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             ReduceOp o = Op(op);
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.ReduceScatter(s, r, o, opts); }, keep);
-           })
-      .def("all_to_all",
-           [](PyGroup& g, B send, B recv, T timeout, py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.AllToAll(s, r, opts); }, keep);
-           })
-      .def("all_to_all_v",
-           [](PyGroup& g, B send, B recv, std::vector<size_t> send_counts,
-              std::vector<size_t> recv_counts, T timeout, py::object keep) {
-             Buffer s = ToBuffer(send), r = ToBuffer(recv);
-             AllToAllCounts counts{std::move(send_counts), std::move(recv_counts)};
-             const OpOptions opts = Opts(g.comm(), timeout, send, recv);
-             return g.Start([&](Communicator& c) { return c.AllToAllV(s, r, counts, opts); }, keep);
-           })
-      .def("barrier",
-           [](PyGroup& g, T timeout) {
-             return g.Start([&](Communicator& c) { return c.Barrier(Timeout(timeout)); },
-                            py::none());
-           })
-      .def("send",
-           [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
-             Buffer b = ToBuffer(buf);
-             const OpOptions opts = Opts(g.comm(), timeout, buf);
-             return g.Start([&](Communicator& c) { return c.Send(b, peer, opts); }, keep);
-           })
-      .def("recv",
-           [](PyGroup& g, B buf, int peer, T timeout, py::object keep) {
-             Buffer b = ToBuffer(buf);
-             const OpOptions opts = Opts(g.comm(), timeout, buf);
-             return g.Start([&](Communicator& c) { return c.Recv(b, peer, opts); }, keep);
-           })
-      .def("split",
-           [](PyGroup& g, int color, int key, const std::string& name, T timeout) {
-             Communicator& c = g.comm();
-             CommOptions o;
-             o.name = name;
-             o.timeout = Seconds(timeout, o.timeout);
-             absl::StatusOr<std::unique_ptr<Communicator>> made;
-             {
-               py::gil_scoped_release release;
-               made = c.Split(color, key, o);
-             }
-             return g.Derived(std::move(made));
-           })
-      .def("shrink",
-           [](PyGroup& g, std::vector<int> excluded, const std::string& name, T timeout) {
-             Communicator& c = g.comm();
-             CommOptions o;
-             o.name = name;
-             o.timeout = Seconds(timeout, o.timeout);
-             absl::StatusOr<std::unique_ptr<Communicator>> made;
-             {
-               py::gil_scoped_release release;
-               made = c.Shrink(excluded, o);
-             }
-             return g.Derived(std::move(made));
-           })
-      .def("abort",
-           [](PyGroup& g) {
-             Communicator& c = g.comm();
-             absl::Status s;
-             {
-               py::gil_scoped_release release;
-               s = c.Abort();
-             }
-             ThrowIfError(s, ErrorArea::kComm);
-           })
-      .def("revoke",
-           [](PyGroup& g) {
-             Communicator& c = g.comm();
-             absl::Status s;
-             {
-               py::gil_scoped_release release;
-               s = c.Revoke();
-             }
-             ThrowIfError(s, ErrorArea::kComm);
-           })
-      .def("async_error", [](PyGroup& g) { ThrowIfError(g.comm().AsyncError(), ErrorArea::kComm); })
-      .def("destroy", [](PyGroup& g) {
-        // Only groups made by split/shrink own their communicator.
-        if (g.owner()->comm() == nullptr) return;
-        py::gil_scoped_release release;
-        g.owner()->Destroy();
-      });
+  RegisterGroup(m);
 
   py::class_<PyWorld>(m, "_World")
-      .def_property_readonly("rank", [](const PyWorld& w) { return w.world().rank(); })
-      .def_property_readonly("size", [](const PyWorld& w) { return w.world().size(); })
+      .def_property_readonly(
+          "rank", [](const PyWorld& w) { return w.With([](World& x) { return x.rank(); }); })
+      .def_property_readonly(
+          "size", [](const PyWorld& w) { return w.With([](World& x) { return x.size(); }); })
+      .def_property_readonly(
+          "generation",
+          [](const PyWorld& w) { return w.With([](World& x) { return x.generation(); }); })
       .def_property_readonly("mesh", &PyWorld::mesh)
       .def_property_readonly("alive", &PyWorld::alive)
+      .def("status",
+           [](const PyWorld& w) {
+             ThrowIfError(w.With([](World& x) { return x.status(); }), ErrorArea::kComm);
+           })
       .def("group", &PyWorld::Group, py::arg("axes"))
-      .def("group_names", [](const PyWorld& w) { return w.world().GroupNames(); })
+      .def("group_names",
+           [](const PyWorld& w) { return w.With([](World& x) { return x.GroupNames(); }); })
+      .def("rebuild", &PyWorld::Rebuild, py::arg("root"), py::arg("mesh"))
+      .def("abort_all", &PyWorld::AbortAll)
       .def("destroy", &PyWorld::Destroy);
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
-        py::arg("env") = py::none(), py::arg("store") = py::none());
+        py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
+        py::arg("store") = py::none());
+  m.def("_all_group_names", &World::AllGroupNames,
+        "Every group name World.group accepts (canonical), 'world' first.");
+  m.def(
+      "_canonical_group_name",
+      [](const std::string& axes) {
+        return Unwrap(World::CanonicalGroupName(axes), ErrorArea::kComm);
+      },
+      py::arg("axes"));
   m.def(
       "resolve_backend",
       [](const LaunchEnv& env, const std::string& backend) {
@@ -493,9 +709,11 @@ GroupRef GroupRefOf(py::handle group) {
   if (g == nullptr) {
     RaiseStatus(absl::InvalidArgumentError("expected a strata group, got None"), ErrorArea::kComm);
   }
+  // Raises now if the group cannot be resolved (its world destroyed).
+  g->With([](Communicator&) { return absl::OkStatus(); });
   GroupRef ref;
-  ref.comm = &g->comm();  // raises if the world was destroyed
   std::shared_ptr<Owner> owner = g->owner();
+  ref.handle = g->handle();
   ref.mu = &owner->mu();
   ref.alive = [o = owner.get()] { return o->alive(); };
   ref.owner = std::move(owner);
@@ -503,15 +721,9 @@ GroupRef GroupRefOf(py::handle group) {
 }
 
 Communicator& GroupCommunicator(py::handle group) {
-  py::handle raw = group;
-  if (py::hasattr(group, "_raw")) raw = group.attr("_raw");
-  if (!py::isinstance<PyGroup>(raw)) {
-    RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
-                    "expected a strata.Group (world.group(...)), got ",
-                    py::str(py::type::of(group).attr("__name__")).cast<std::string>())),
-                ErrorArea::kGeneric);
-  }
-  return raw.cast<PyGroup&>().comm();
+  PyGroup& g = RawGroup(group);
+  Communicator* comm = g.With([](Communicator& c) -> absl::StatusOr<Communicator*> { return &c; });
+  return *comm;
 }
 
 }  // namespace strata::bindings

@@ -186,6 +186,9 @@ class Callbacks {
   std::optional<py::error_already_set> exception_;
 };
 
+// The runner holds the group's handle (following world rebuilds that keep
+// its layout) and resolves it at each step, with the world's lock shared so
+// that the world is neither rebuilt nor destroyed during the step.
 class PyRunner {
  public:
   PyRunner(const pipeline::Schedule& schedule, py::handle group, double timeout, bool scale_grads)
@@ -197,7 +200,15 @@ class PyRunner {
     options_.allocate = [this](const TensorSpec& spec) -> absl::StatusOr<StageTensor> {
       return callbacks_->Allocate(spec);
     };
-    runner_ = Unwrap(pipeline::PipelineRunner::Create(schedule, group_.comm, options_), kArea);
+    absl::StatusOr<std::unique_ptr<pipeline::PipelineRunner>> runner;
+    {
+      py::gil_scoped_release release;  // resolving may create the group
+      std::shared_lock<std::shared_mutex> lease(*group_.mu);
+      runner = group_.alive()
+                   ? pipeline::PipelineRunner::Create(schedule, group_.handle, options_)
+                   : absl::FailedPreconditionError("the pipeline group's world was destroyed");
+    }
+    runner_ = Unwrap(std::move(runner), kArea);
   }
 
   StepResult Step(py::object forward, py::object backward, py::object allocate) {

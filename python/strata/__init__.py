@@ -5,7 +5,7 @@ tensor- and pipeline-parallel building blocks, async sharded checkpoints and
 in-process recovery from failed ranks. See README.md and docs/.
 """
 
-from . import errors, pipeline
+from . import errors
 from ._strata import LaunchEnv, Mesh, available_backends, launch_env
 from ._strata import build_info as _build_info
 from .comm import Group, Work, World, init
@@ -20,8 +20,6 @@ from .errors import (
     RankFailure,
     TopologyError,
 )
-from . import topology  # noqa: E402  (needs _strata loaded)
-from . import store  # noqa: E402  (needs _strata loaded)
 
 __version__ = _build_info()["version"]
 
@@ -69,11 +67,26 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    # strata.nn imports torch, so it is loaded on first use rather than by
-    # `import strata`.
-    if name == "nn":
-        import importlib
+def _submodules():
+    """The public submodules of the package (strata.checkpoint, strata.nn,
+    ...), found on disk, so that a new one needs no entry here."""
+    import pkgutil
 
-        return importlib.import_module(".nn", __name__)
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def __getattr__(name):
+    # Submodules load on first use, as numpy and scipy load theirs:
+    # `import strata` stays cheap and does not import torch (strata.nn,
+    # strata.checkpoint and strata.pipeline's executor do), yet
+    # `strata.checkpoint.save(...)` works after a plain `import strata`.
+    if not name.startswith("_"):
+        import importlib.util
+
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'strata' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_submodules()))

@@ -14,6 +14,17 @@ Under ``mpirun -np 8 python train.py``::
     work.wait(timeout=30)
     world.destroy()                                    # or use `with strata.init() as world:`
 
+``world.group(axes)`` returns a handle on this rank's group of any
+combination of the mesh's axes ('tp', 'dp-cp', 'tp-dp', 'etp-ep', ...,
+'world'): the standard groups exist from ``strata.init`` on, any other is
+created on first request, collectively over the whole world, as
+``torch.distributed.new_group`` creates one (every rank must request it at
+the same point). A group follows the world when it is rebuilt after ranks
+left (``World.generation`` counts the rebuilds): every call resolves the
+group's communicator of the current generation. Groups made by
+``Group.split`` and ``Group.shrink`` are standalone and own their
+communicator.
+
 Group methods follow ``torch.distributed``'s names. Ranks given to them
 (``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
 tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend
@@ -123,7 +134,14 @@ class Work:
 
 
 class Group:
-    """One process group's communicator (``World.group(axes)``)."""
+    """A process group: ``World.group(axes)``, a handle on this rank's group
+    of ``axes`` that follows world rebuilds, or a group made by
+    :meth:`split` / :meth:`shrink`, which owns its communicator.
+
+    ``name`` is the name the group was asked by, in canonical spelling
+    (``world.group("cp-dp").name == "dp-cp"``), also where several names
+    share one communicator (``"dp"`` and ``"dp-cp"`` when cp = 1); the
+    errors of its operations name it the same way."""
 
     def __init__(self, raw, world=None):
         self._raw = raw
@@ -243,8 +261,20 @@ class Group:
                               name or f"{self.name}-split{color}", timeout)
         return None if raw is None else Group(raw)
 
+    def _pinned(self, holder):
+        """This group, for a holder built for its current layout (shards of
+        one tp size, a schedule of one pp size): once a world rebuild changes
+        this rank's rank or the group's size, every call raises
+        :class:`strata.CommError` naming both generations and layouts and
+        ``holder``."""
+        return Group(self._raw.pinned(holder), self._world)
+
     def __repr__(self):
-        return f"<strata.Group {self.name}: rank {self.rank} of {self.size} ({self.backend})>"
+        try:
+            where = f"rank {self.rank} of {self.size} ({self.backend})"
+        except Exception as e:  # a destroyed world's group still prints
+            where = f"unusable: {e}"
+        return f"<strata.Group {self.name}: {where}>"
 
 
 _live_worlds = weakref.WeakSet()
@@ -270,10 +300,26 @@ class World:
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")
     size = property(lambda self: self._raw.size, doc="Number of ranks in the job.")
     mesh = property(lambda self: self._raw.mesh, doc="The strata.Mesh of the groups.")
+    generation = property(
+        lambda self: self._raw.generation,
+        doc="1 from strata.init; +1 at every rebuild of the world in place (after ranks "
+        "left), whether it succeeded or not.")
 
     def group(self, axes="world"):
-        """This rank's group of ``axes``: 'tp', 'dp', 'pp', 'cp', 'dp-cp',
-        'tp-pp', 'tp-dp-cp', 'ep', 'etp', 'edp', 'etp-ep', or 'world'."""
+        """This rank's group of ``axes``, any combination of the mesh's axes
+        in any order: dense 'tp', 'dp', 'cp', 'pp' ('dp-cp', 'tp-dp', ...),
+        expert 'etp', 'ep', 'edp' with 'pp' ('etp-ep', ...), or 'world'.
+
+        The standard groups (tp, cp, dp, pp, dp-cp, tp-pp, tp-dp-cp, ep, etp,
+        edp, etp-ep) exist from strata.init on; any other is created on its
+        first request, collectively over the world: every rank must request
+        it at the same point, as torch.distributed.new_group. Ranks asking
+        for different groups raise :class:`strata.InvalidArgument` saying
+        who asked for what; a rank that never asks makes the others raise
+        :class:`strata.CommError` (DEADLINE_EXCEEDED) after the group
+        creation timeout (``strata.init(group_timeout=)``).
+
+        The group follows rebuilds of the world (see :attr:`generation`)."""
         g = self._groups.get(axes)
         if g is None:
             g = Group(self._raw.group(axes), self)
@@ -281,7 +327,37 @@ class World:
         return g
 
     def group_names(self):
+        """'world' and the groups that exist now, in creation order."""
         return ["world"] + list(self._raw.group_names())
+
+    @staticmethod
+    def all_group_names():
+        """Every name :meth:`group` accepts, in canonical spelling."""
+        return list(_strata._all_group_names())
+
+    # ---- for the elastic layer (strata.elastic) ---------------------------
+    def _rebuild(self, root, mesh):
+        """Rebuilds the world in place over ``root`` (a group made by
+        ``shrink`` or ``split`` of the old root, taken over by the world; its
+        Group object becomes unusable) and ``mesh`` (a strata.Mesh of
+        ``root.size`` ranks): every communicator of the old generation is
+        aborted (work in flight fails with ABORTED) and destroyed, the
+        standard groups of ``mesh`` are created and :attr:`generation`
+        increases. Collective over ``root``. Groups taken before follow;
+        those pinned to a layout that changed raise. On failure the world is
+        left unusable (CommError from every group) until a rebuild succeeds."""
+        if not isinstance(mesh, _strata.Mesh):
+            raise InvalidArgument(f"mesh must be a strata.Mesh, got {_describe(mesh)}")
+        if not isinstance(root, Group):
+            raise InvalidArgument(f"root must be a strata.Group made by shrink or split, got "
+                                  f"{_describe(root)}")
+        self._raw.rebuild(root, mesh)
+
+    def _abort_all(self):
+        """Aborts the root and every group communicator, from any thread, at
+        once: every pending and later operation fails. Rebuild or destroy
+        the world afterwards."""
+        self._raw.abort_all()
 
     def destroy(self):
         """Tears down every communicator (joining the backend's threads).
@@ -299,10 +375,14 @@ class World:
         return False
 
     def __repr__(self):
-        return f"<strata.World rank {self.rank} of {self.size}, {self.mesh!r}>"
+        if not self._raw.alive:
+            return f"<strata.World (destroyed), {self.mesh!r}>"
+        return (f"<strata.World rank {self.rank} of {self.size}, generation {self.generation}, "
+                f"{self.mesh!r}>")
 
 
-def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None):
+def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None,
+         group_timeout=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
@@ -310,7 +390,9 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     is visible and NCCL is built; otherwise MPI under mpirun, Slurm or no
     launcher, and Gloo under torchrun), "mpi", "gloo" or "nccl".
     ``timeout``: seconds each operation may take before it fails (default
-    600). ``env`` replaces os.environ for launcher detection.
+    600). ``group_timeout``: seconds the ranks wait for each other when a
+    group is created on first request (default: ``timeout``). ``env``
+    replaces os.environ for launcher detection.
 
     Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
     (a :mod:`strata.store` store, or a ``torch.distributed.Store``); by
@@ -339,6 +421,8 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
             and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
             and not (env if env is not None else os.environ).get("STRATA_STORE")):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
-    world = World(_strata._init_world(mesh, backend, timeout, env, store))
+    if group_timeout is not None and not group_timeout > 0:
+        raise InvalidArgument(f"group_timeout must be positive, got {group_timeout}")
+    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store))
     world._store = (store, keep)
     return world

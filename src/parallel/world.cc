@@ -1,77 +1,22 @@
+// World: creation, the group lookups, Rebuild and AbortAll over the shared
+// state (parallel/internal/world_state.h), and GroupHandle.
 #include "strata/parallel/world.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "parallel/internal/world_state.h"
 #include "strata/base/status.h"
 
 namespace strata {
-namespace {
 
-// The standard groups, in creation order.
-constexpr const char* kDenseGroups[] = {"tp", "cp", "dp", "pp", "dp-cp", "tp-pp", "tp-dp-cp"};
-constexpr const char* kExpertGroups[] = {"ep", "etp", "edp", "etp-ep"};
+using internal::GroupName;
+using internal::ParseGroupName;
+using internal::WorldState;
 
-// Display order of the tokens in canonical names ("tp-dp-cp", "etp-ep").
-constexpr const char* kDenseOrder[] = {"tp", "dp", "cp", "pp"};
-constexpr const char* kExpertOrder[] = {"etp", "ep", "edp", "pp"};
+World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
 
-// A group name resolved against the mesh.
-struct GroupName {
-  std::string canonical;  // "dp-cp"
-  bool expert = false;
-  std::string mesh_axes;  // what Mesh::Groups / ExpertGroups takes: "dp-cp", "tp-ep"
-};
-
-absl::StatusOr<GroupName> ResolveName(absl::string_view axes) {
-  std::vector<std::string> tokens = absl::StrSplit(axes, '-');
-  bool expert = false;
-  for (const std::string& t : tokens) {
-    if (t == "ep" || t == "etp" || t == "edp") expert = true;
-  }
-  const auto& order = expert ? kExpertOrder : kDenseOrder;
-  std::vector<std::string> canonical, mesh_axes;
-  for (const char* axis : order) {
-    const long n = std::count(tokens.begin(), tokens.end(), axis);
-    if (n > 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group '", axes, "' names axis ", axis, " twice"));
-    }
-    if (n == 1) {
-      canonical.push_back(axis);
-      std::string a = axis;
-      if (a == "etp") a = "tp";
-      if (a == "edp") a = "dp";
-      mesh_axes.push_back(a);
-    }
-  }
-  if (canonical.size() != tokens.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group '", axes, "' is not a combination of ",
-                     expert ? "expert axes (etp, ep, edp, pp)" : "dense axes (tp, dp, cp, pp)",
-                     "; dense and expert axes (ep, etp, edp) cannot be mixed"));
-  }
-  return GroupName{absl::StrJoin(canonical, "-"), expert, absl::StrJoin(mesh_axes, "-")};
-}
-
-bool SameGroups(const RankGroups& a, const RankGroups& b) {
-  return a.group_size() == b.group_size() && a.flat() == b.flat();
-}
-
-}  // namespace
-
-World::World(std::unique_ptr<Communicator> root, Mesh mesh)
-    : root_(std::move(root)), mesh_(std::move(mesh)) {}
-
-World::~World() {
-  // Groups before the root: the root's backend may own threads the groups
-  // use.
-  groups_.clear();
-  root_.reset();
-}
+World::~World() { state_->Destroy(); }
 
 absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const Mesh& mesh,
                                                      const WorldOptions& options) {
@@ -93,67 +38,128 @@ absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const
 absl::StatusOr<std::unique_ptr<World>> World::FromRoot(std::unique_ptr<Communicator> root,
                                                        const Mesh& mesh,
                                                        const WorldOptions& options) {
+  if (options.version != WorldOptions::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorldOptions version ", options.version,
+                     " is not supported (this build: ", WorldOptions::kVersion, ")"));
+  }
   if (root == nullptr) return absl::InvalidArgumentError("World::FromRoot: root is null");
   if (mesh.world_size() != root->size()) {
     return absl::InvalidArgumentError(absl::StrCat("the mesh is for ", mesh.world_size(),
                                                    " ranks but the root communicator has ",
                                                    root->size()));
   }
-  std::vector<std::string> names(std::begin(kDenseGroups), std::end(kDenseGroups));
-  names.insert(names.end(), std::begin(kExpertGroups), std::end(kExpertGroups));
-  for (const std::string& extra : options.extra_groups) names.push_back(extra);
-
-  std::unique_ptr<World> world(new World(std::move(root), mesh));
-  const int rank = world->root_->rank();
-  std::vector<std::pair<RankGroups, std::shared_ptr<Communicator>>> created;
-  for (const std::string& requested : names) {
-    STRATA_ASSIGN_OR_RETURN(GroupName name, ResolveName(requested));
-    if (world->groups_.count(name.canonical) != 0) continue;
-    STRATA_ASSIGN_OR_RETURN(RankGroups groups, name.expert ? mesh.ExpertGroups(name.mesh_axes)
-                                                           : mesh.Groups(name.mesh_axes));
-    std::shared_ptr<Communicator> comm;
-    for (const auto& [other, other_comm] : created) {
-      if (SameGroups(groups, other)) comm = other_comm;
-    }
-    if (comm == nullptr) {
-      // This rank's group and position in it: the split's color and key.
-      int color = -1, key = -1;
-      for (int g = 0; g < groups.num_groups() && color < 0; ++g) {
-        absl::Span<const int> members = groups.group(g);
-        auto it = std::find(members.begin(), members.end(), rank);
-        if (it != members.end()) {
-          color = g;
-          key = static_cast<int>(it - members.begin());
-        }
-      }
-      STRATA_CHECK(color >= 0, "rank ", rank, " is in no group of ", name.canonical);
-      CommOptions comm_options;
-      comm_options.name = name.canonical;
-      comm_options.timeout = options.root.comm.timeout;
-      STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> split,
-                              world->root_->Split(color, key, comm_options));
-      STRATA_CHECK(split != nullptr, "split of ", name.canonical, " returned no communicator");
-      comm = std::move(split);
-      created.emplace_back(std::move(groups), comm);
-    }
-    world->groups_[name.canonical] = comm;
-    world->order_.push_back(name.canonical);
+  if (options.group_creation_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorldOptions::group_creation_timeout is ",
+                     absl::FormatDuration(options.group_creation_timeout), "; want >= 0"));
   }
-  return world;
+  WorldState::Timeouts timeouts;
+  timeouts.op = options.root.comm.timeout;
+  timeouts.creation = options.group_creation_timeout > absl::ZeroDuration()
+                          ? options.group_creation_timeout
+                          : options.root.comm.timeout;
+  auto state = std::make_shared<WorldState>(std::move(root), mesh, timeouts);
+  STRATA_RETURN_IF_ERROR(state->CreateStandardGroups());
+  return std::unique_ptr<World>(new World(std::move(state)));
 }
 
-absl::StatusOr<Communicator*> World::Group(absl::string_view axes) const {
-  if (axes == "world" || axes == root_->name()) return root_.get();
-  STRATA_ASSIGN_OR_RETURN(GroupName name, ResolveName(axes));
-  auto it = groups_.find(name.canonical);
-  if (it == groups_.end()) {
-    return absl::NotFoundError(absl::StrCat("no group '", axes, "' in this world (groups: world, ",
-                                            absl::StrJoin(order_, ", "),
-                                            "; add others with WorldOptions::extra_groups)"));
-  }
-  return it->second.get();
+int World::rank() const { return state_->root()->rank(); }
+int World::size() const { return state_->root()->size(); }
+Mesh World::mesh() const { return state_->mesh(); }
+Communicator& World::root() const { return *state_->root(); }
+uint64_t World::generation() const { return state_->generation(); }
+absl::Status World::status() const { return state_->status(); }
+
+absl::StatusOr<Communicator*> World::Group(absl::string_view axes) {
+  STRATA_ASSIGN_OR_RETURN(GroupName name, ParseGroupName(axes));
+  STRATA_ASSIGN_OR_RETURN(internal::ResolvedGroup group, state_->Get(name.canonical));
+  return group.comm;
 }
 
-std::vector<std::string> World::GroupNames() const { return order_; }
+absl::StatusOr<GroupHandle> World::Handle(absl::string_view axes) {
+  STRATA_ASSIGN_OR_RETURN(GroupName name, ParseGroupName(axes));
+  STRATA_RETURN_IF_ERROR(state_->Get(name.canonical).status());  // created now, if new
+  GroupHandle handle;
+  handle.kind_ = GroupHandle::Kind::kWorld;
+  handle.name_ = name.canonical;
+  handle.world_ = state_;
+  return handle;
+}
+
+std::vector<std::string> World::GroupNames() const { return state_->GroupNames(); }
+
+std::vector<std::string> World::AllGroupNames() { return internal::AllGroupNames(); }
+
+absl::StatusOr<std::string> World::CanonicalGroupName(absl::string_view axes) {
+  STRATA_ASSIGN_OR_RETURN(GroupName name, ParseGroupName(axes));
+  return name.canonical;
+}
+
+absl::Status World::Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& new_mesh) {
+  return state_->Rebuild(std::move(new_root), new_mesh);
+}
+
+void World::AbortAll() { state_->AbortAll(); }
+
+// ---- GroupHandle -----------------------------------------------------------
+
+GroupHandle::GroupHandle() = default;
+
+GroupHandle GroupHandle::Fixed(Communicator* comm) {
+  GroupHandle handle;
+  if (comm == nullptr) return handle;
+  handle.kind_ = Kind::kFixed;
+  handle.name_ = comm->name();
+  handle.fixed_ = comm;
+  return handle;
+}
+
+absl::StatusOr<Communicator*> GroupHandle::ResolveAt(uint64_t* generation) const {
+  switch (kind_) {
+    case Kind::kEmpty:
+      return absl::FailedPreconditionError(
+          "the group handle is empty (no World group and no communicator)");
+    case Kind::kFixed:
+      *generation = 1;
+      return fixed_;
+    case Kind::kWorld:
+      break;
+  }
+  std::shared_ptr<WorldState> state = world_.lock();
+  if (state == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", name_, "': its World was destroyed"));
+  }
+  STRATA_ASSIGN_OR_RETURN(internal::ResolvedGroup group, state->Get(name_));
+  *generation = group.generation;
+  return group.comm;
+}
+
+absl::StatusOr<Communicator*> GroupHandle::Resolve() const {
+  uint64_t generation = 0;
+  STRATA_ASSIGN_OR_RETURN(Communicator * comm, ResolveAt(&generation));
+  if (pinned_.has_value() && generation != pinned_->generation &&
+      (comm->rank() != pinned_->rank || comm->size() != pinned_->size)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", name_, "' was rank ", pinned_->rank, " of ", pinned_->size,
+                     " at world generation ", pinned_->generation, "; at generation ", generation,
+                     " this rank is rank ", comm->rank(), " of ", comm->size(), ": this ", holder_,
+                     " was built for the old layout; build a new one"));
+  }
+  return comm;
+}
+
+absl::StatusOr<GroupHandle> GroupHandle::Pin(absl::string_view holder) const {
+  // An earlier pin still holds: a handle pinned for the old layout is not
+  // re-pinned to the new one.
+  if (pinned_.has_value()) STRATA_RETURN_IF_ERROR(Resolve().status());
+  uint64_t generation = 0;
+  STRATA_ASSIGN_OR_RETURN(Communicator * comm, ResolveAt(&generation));
+  GroupHandle pinned = *this;
+  pinned.pinned_ = Layout{generation, comm->rank(), comm->size()};
+  pinned.holder_ = std::string(holder);
+  return pinned;
+}
 
 }  // namespace strata

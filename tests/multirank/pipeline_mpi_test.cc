@@ -73,7 +73,7 @@ class PipelineMpiTest : public MultiRankTest {
     const int me = comm->rank(), m = schedule.num_microbatches();
     const int last_rank = schedule.rank_of_stage(schedule.num_stages() - 1);
     absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-        PipelineRunner::Create(schedule, comm, options);
+        PipelineRunner::Create(schedule, GroupHandle::Fixed(comm), options);
     ASSERT_TRUE(runner.ok()) << runner.status();
     TestModel model(schedule.num_stages()), reference(schedule.num_stages());
     const StageFunctions fns = TestFunctions(&model, variable, false);
@@ -186,7 +186,8 @@ TEST_F(PipelineMpiTest, ZeroElementTensorsTravel) {
   };
   RunnerOptions options;
   options.timeout = absl::Seconds(60);
-  STRATA_ASSERT_OK_AND_ASSIGN(auto runner, PipelineRunner::Create(schedule, pp.get(), options));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto runner, PipelineRunner::Create(schedule, GroupHandle::Fixed(pp.get()), options));
   absl::StatusOr<StepResult> result = runner->Step(fns);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(received, rank() == 0 ? 0 : 4);
@@ -220,7 +221,8 @@ TEST_F(PipelineMpiTest, AStageFailureEndsEveryRanksStep) {
   // With revocation: far beyond the harness's patience, so only the
   // revocation can end the others' steps in time.
   options.timeout = revocation_reaches_peers ? absl::Seconds(100) : absl::Seconds(3);
-  STRATA_ASSERT_OK_AND_ASSIGN(auto runner, PipelineRunner::Create(schedule, pp.get(), options));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto runner, PipelineRunner::Create(schedule, GroupHandle::Fixed(pp.get()), options));
   absl::StatusOr<StepResult> result = runner->Step(fns);
   ASSERT_FALSE(result.ok());
   const std::string message(result.status().message());

@@ -2,6 +2,10 @@
 every operation on torch tensors and numpy arrays, and every error a user
 can cause from Python."""
 
+import pkgutil
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -110,8 +114,10 @@ def test_user_errors_are_named(world):
         world.group().all_to_all(torch.zeros(3), torch.zeros(3), input_splits=[1, 2])
     with pytest.raises(strata.InvalidArgument, match="at least one dimension"):
         world.group().all_to_all(torch.zeros(()), torch.zeros(()), input_splits=[1])
-    with pytest.raises(strata.CommError, match="no group 'tp-cp'"):
-        world.group("tp-cp")
+    with pytest.raises(strata.InvalidArgument, match="names axis tp twice"):
+        world.group("tp-tp")
+    with pytest.raises(strata.InvalidArgument, match="cannot be mixed"):
+        world.group("ep-dp")
     assert issubclass(strata.InvalidArgument, ValueError)
 
 
@@ -156,3 +162,135 @@ def test_abort_revoke_shrink_split(world):
         work.wait(timeout=10)
     with pytest.raises(strata.CommError, match="was aborted"):
         part.check()
+
+
+# ---- first contacts -------------------------------------------------------
+
+
+def test_every_combination_of_axes_is_a_group():
+    """world.group("tp-dp") (Megatron-Core's tensor-and-data-parallel group)
+    failed with "no group 'tp-dp' in this world" at 3f6f648."""
+    with strata.init(timeout=30) as w:
+        g = w.group("tp-dp")
+        assert (g.name, g.rank, g.size) == ("tp-dp", 0, 1)
+        x = torch.ones(3)
+        g.allreduce(x)
+        assert x.tolist() == [1.0, 1.0, 1.0]
+        assert w.group("dp-tp").name == "tp-dp"
+
+
+STANDARD = ["tp", "cp", "dp", "pp", "dp-cp", "tp-pp", "tp-dp-cp", "ep", "etp", "edp", "etp-ep"]
+
+
+def test_a_group_reports_the_name_it_was_asked_by():
+    """In a world of one every group shares one communicator; at 3f6f648
+    world.group("pp") printed as <strata.Group cp: rank 0 of 1 (mpi)>."""
+    with strata.init(timeout=30) as w:
+        spellings = {n: n for n in STANDARD}
+        spellings.update({"cp-dp": "dp-cp", "pp-tp": "tp-pp", "ep-etp": "etp-ep",
+                          "pp-cp-tp": "tp-cp-pp"})
+        for asked, want in spellings.items():
+            g = w.group(asked)
+            assert g.name == want, asked
+            assert repr(g) == f"<strata.Group {want}: rank 0 of 1 (mpi)>"
+            # ... and in the errors of its operations.
+            with pytest.raises(strata.InvalidArgument) as e:
+                g.send(torch.ones(1), 5)
+            assert f"on group {want} (rank 0 of 1, world rank 0)" in str(e.value), str(e.value)
+            work = g.recv(torch.zeros(1), 0, async_op=True)
+            with pytest.raises(strata.CommError) as e:
+                work.wait(timeout=0.01)
+            assert f"on group {want} (rank 0 of 1" in str(e.value), str(e.value)
+            g.send(torch.ones(1), 0)
+            work.wait()
+
+
+SUBMODULES = ["checkpoint", "nn", "pipeline", "topology", "store", "nccl"]
+
+
+def _fresh(code):
+    """Runs `code` in a fresh interpreter (the package's state as a user
+    finds it after `import strata`)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_import_strata_does_not_import_torch():
+    _fresh("import strata, sys; assert 'torch' not in sys.modules, 'torch imported'")
+
+
+@pytest.mark.parametrize("name", SUBMODULES)
+def test_submodules_are_attributes_after_import_strata(name):
+    """`import strata` then `strata.checkpoint.save(...)` raised
+    AttributeError at 3f6f648."""
+    _fresh(f"import strata; m = strata.{name}; assert m.__name__ == 'strata.{name}', m")
+
+
+def test_every_public_submodule_is_reached_lazily():
+    # The mechanism has no list: every public module of the package (those
+    # to come too) is an attribute, loaded on first use.
+    found = sorted(m.name for m in pkgutil.iter_modules(strata.__path__)
+                   if not m.name.startswith("_"))
+    assert set(SUBMODULES) <= set(found)
+    _fresh("import strata, sys\n"
+           f"for n in {found!r}:\n"
+           "    assert f'strata.{n}' not in sys.modules or n in ('comm', 'errors'), n\n"
+           "    assert getattr(strata, n).__name__ == f'strata.{n}'\n"
+           "assert callable(strata.checkpoint.save)\n"
+           "assert set(dir(strata)) >= set(" + repr(found) + ")\n")
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        strata.no_such_module
+
+
+# ---- generations ------------------------------------------------------------
+
+
+def test_rebuild_in_one_process():
+    with strata.init(timeout=30) as w:
+        assert w.generation == 1
+        tp, tp_dp, whole = w.group("tp"), w.group("tp-dp"), w.group()
+        pinned = tp._pinned("tensor-parallel layer")
+        pending = tp.recv(torch.zeros(1), 0, async_op=True)
+        root = w.group().shrink([], name="world")
+        w._rebuild(root, w.mesh)
+        assert w.generation == 2
+        with pytest.raises(strata.CommError) as e:
+            pending.wait(timeout=10)
+        assert e.value.code == "ABORTED" and "on group tp (" in str(e.value)
+        # The groups taken before follow.
+        for g in (tp, tp_dp, whole, pinned):
+            x = torch.ones(2)
+            g.allreduce(x)
+            assert x.tolist() == [1.0, 1.0] and g.size == 1
+        assert tp.name == "tp" and whole.name == "world"
+        # The root's Group object was taken over.
+        with pytest.raises(strata.CommError, match="became the root of world generation 2"):
+            root.barrier()
+        with pytest.raises(strata.InvalidArgument, match="made by shrink or split"):
+            w._rebuild(w.group("dp"), w.mesh)
+        with pytest.raises(strata.InvalidArgument, match="mesh must be a strata.Mesh"):
+            w._rebuild(w.group().shrink([]), None)
+
+        # A rebuild that fails leaves the world saying so; groups cannot
+        # follow it and name both generations.
+        broken = w.group().shrink([], name="world")
+        broken.abort()
+        with pytest.raises(strata.CommError, match="rebuilding the World to generation 3"):
+            w._rebuild(broken, w.mesh)
+        assert w.generation == 3
+        with pytest.raises(strata.CommError) as e:
+            tp.allreduce(torch.ones(1))
+        assert "group 'tp' (last used at world generation 2) cannot follow the world to " \
+            "generation 3" in str(e.value), str(e.value)
+        assert "its rebuild failed" in str(e.value)
+        w._abort_all()  # from any thread; here, on a broken world, it does nothing harmful
+
+
+def test_groups_of_a_destroyed_world_say_so():
+    w = strata.init(timeout=30)
+    g = w.group("tp")
+    w.destroy()
+    with pytest.raises(strata.CommError, match="group 'tp': its world was destroyed"):
+        g.allreduce(torch.ones(1))
+    assert "unusable" in repr(g) and "destroyed" in repr(w)

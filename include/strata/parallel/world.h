@@ -1,5 +1,6 @@
 // World: the root communicator of a job and one communicator per mesh
-// group this rank belongs to, created once, reachable by axis name.
+// group this rank belongs to, reachable by axis name; rebuilt in place
+// (a new generation) when ranks leave.
 //
 // The communication layer knows nothing of meshes; the World is where the
 // two meet. It creates the root communicator through the backend factory
@@ -15,52 +16,96 @@
 //       strata::World::Create(*env, *mesh, strata::WorldOptions{});
 //   absl::StatusOr<strata::Communicator*> tp = (*world)->Group("tp");
 //   (*tp)->AllReduce(buf, buf, strata::ReduceOp::kSum);
+//   absl::StatusOr<strata::GroupHandle> dp = (*world)->Handle("dp");  // for holders
 //   world->reset();   // tears everything down; Create may run again
 //
-// Groups created (names as Group() takes them):
-//   dense mesh   "tp", "cp", "dp", "pp", "dp-cp", "tp-pp", "tp-dp-cp"
-//   expert mesh  "ep", "etp" (expert tensor-parallel), "edp" (expert
-//                data-parallel), "etp-ep"
-//   plus WorldOptions::extra_groups (dense combinations such as "tp-cp").
-// A combination may be written in any order ("cp-dp" is "dp-cp"). Groups
-// with the same members on every rank (e.g. "dp" and "dp-cp" when cp = 1)
-// share one communicator.
+// Groups. Every combination of the mesh's axes is a group: dense, any of
+// tp, dp, cp, pp ("tp-dp" is Megatron-Core's tensor-and-data-parallel
+// group); expert, any of etp (expert tensor-parallel), ep, edp (expert
+// data-parallel) and pp. Dense and expert axes do not mix; "pp" alone is the
+// dense pp group. With "world" (the root) that is 30 names (AllGroupNames).
+// A combination may be written in any order; its canonical spelling lists
+// the axes as "tp-dp-cp-pp" and "etp-ep-edp-pp" do ("cp-dp" is "dp-cp").
+//   - Standard groups are created with the World (and at every Rebuild), in
+//     this order: tp, cp, dp, pp, dp-cp, tp-pp, tp-dp-cp, ep, etp, edp,
+//     etp-ep.
+//   - Every other group is created on first request (Group or Handle), as
+//     torch.distributed.new_group creates one: collectively over the whole
+//     world. Every rank must request the same new group at the same point
+//     of its sequence of creations. The ranks first check that they agree
+//     (host roots: an allreduce of the name's hash; device roots, where
+//     collectives need device memory: a probe split colored by the hash);
+//     ranks asking for different groups get InvalidArgument naming what
+//     this rank asked for (and, on host roots, which ranks asked for what);
+//     a rank that never asks makes the others fail with DeadlineExceeded
+//     naming the group after WorldOptions::group_creation_timeout. After
+//     such a failure the root may be unusable (MPI cannot withdraw a
+//     collective): rebuild or destroy the World.
+//   - Groups whose members are the same (e.g. "dp" and "dp-cp" when
+//     cp = 1) share one communicator; no collective is needed for the
+//     second. Each name still gets its own Communicator object that reports
+//     that name in name() and in the messages of its operations and their
+//     errors, so a group always says what it was asked as.
 //
-// Thread-safety: a World is immutable after Create; Group() may be called
-// from any thread. The communicators follow Communicator's rules.
+// Generations. A World starts at generation 1. Rebuild() replaces the root
+// and the mesh in place (after the elastic layer has revoked the old root
+// and shrunk it into a new one): it aborts and destroys every communicator
+// of the old generation, creates the standard groups of the new mesh and
+// increments the generation. Work of the old generation stays safe to wait
+// on and fails with Aborted. Pointers from Group() and root() are valid
+// until the next Rebuild or the World's destruction; code that outlives a
+// rebuild holds a GroupHandle (group_handle.h), which resolves the current
+// generation's communicator at each use.
+//
+// Thread-safety: lookups of existing groups (Group, Handle, GroupHandle::
+// Resolve), generation(), status(), mesh() and AbortAll() may be called from
+// any thread at any time; none of them waits for a collective. Creating a
+// group is collective: at most one creation runs at a time per process (a
+// second thread's creation waits for the first), every rank must create
+// the same groups in the same order, and no other thread may run
+// collectives on the root ("world") meanwhile, since the creation does. Rebuild, and destroying the World, must
+// not run while other threads use communicators they resolved; AbortAll()
+// is how another thread stops them first. The communicators follow
+// Communicator's rules.
 #pragma once
 
-#include <map>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "strata/base/export.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
+#include "strata/parallel/group_handle.h"
 #include "strata/parallel/mesh.h"
 
 namespace strata {
 
 struct STRATA_EXPORT WorldOptions {
-  static constexpr int kVersion = 1;
+  // Version 2 removed `extra_groups` (every combination is created on first
+  // request) and added `group_creation_timeout`.
+  static constexpr int kVersion = 2;
   int version = kVersion;
   // Root communicator: backend ("auto", "mpi"), default operation timeout
   // (which also bounds the creation of every group), backend settings.
   RootOptions root;
-  // Dense axis combinations to create besides the standard ones, e.g.
-  // {"tp-cp"}. Creation is collective, so every rank must pass the same.
-  std::vector<std::string> extra_groups;
+  // How long the ranks wait for each other when a group is created on first
+  // request: past it, DeadlineExceeded naming the group. Zero means the
+  // root's operation timeout (root.comm.timeout).
+  absl::Duration group_creation_timeout = absl::ZeroDuration();
 };
 
 class STRATA_EXPORT World {
  public:
-  // Creates the root communicator from `env` and every group of `mesh`.
-  // Collective over the job. InvalidArgument when the mesh's world size is
-  // not the job's.
+  // Creates the root communicator from `env` and the standard groups of
+  // `mesh`. Collective over the job. InvalidArgument when the mesh's world
+  // size is not the job's.
   static absl::StatusOr<std::unique_ptr<World>> Create(const LaunchEnv& env, const Mesh& mesh,
                                                        const WorldOptions& options);
   // The same over an existing root communicator (any backend), which the
@@ -70,31 +115,66 @@ class STRATA_EXPORT World {
                                                          const WorldOptions& options);
 
   // Destroys the group communicators, then the root (joining the backend's
-  // threads). Operations still in flight fail with Aborted.
+  // threads). Operations still in flight fail with Aborted; handles on this
+  // World fail with FailedPrecondition.
   ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
-  int rank() const { return root_->rank(); }
-  int size() const { return root_->size(); }
-  const Mesh& mesh() const { return mesh_; }
-  Communicator& root() const { return *root_; }
+  // This rank in the root communicator, and its size (current generation).
+  int rank() const;
+  int size() const;
+  // The mesh of the current generation.
+  Mesh mesh() const;
+  // The root communicator of the current generation (valid until Rebuild).
+  Communicator& root() const;
+  // 1 at creation; +1 at every Rebuild that got past its argument checks,
+  // whether it succeeded or not.
+  uint64_t generation() const;
+  // OK while usable; after a failed Rebuild, why not (every Group and
+  // Resolve fails with FailedPrecondition saying so until a Rebuild
+  // succeeds).
+  absl::Status status() const;
 
   // The communicator of this rank's group of `axes` ("tp", "dp-cp", "ep",
-  // "world" for the root). NotFound lists the groups that exist.
-  absl::StatusOr<Communicator*> Group(absl::string_view axes) const;
-  // The names Group() accepts, in creation order (canonical spellings).
+  // "world" for the root), created on first request (collective: see the
+  // header comment). InvalidArgument for a name that is no combination of
+  // axes. Valid until the next Rebuild or the World's destruction.
+  absl::StatusOr<Communicator*> Group(absl::string_view axes);
+  // A handle on the group of `axes` that follows rebuilds (group_handle.h);
+  // creates the group as Group() does.
+  absl::StatusOr<GroupHandle> Handle(absl::string_view axes);
+  // The names of the groups that exist in this generation, in creation
+  // order (canonical spellings, without "world").
   std::vector<std::string> GroupNames() const;
+  // Every name Group() accepts, canonical: "world", the 15 dense and the 14
+  // expert combinations (expert "pp" is the dense one).
+  static std::vector<std::string> AllGroupNames();
+  // The canonical spelling of a group name ("cp-dp" -> "dp-cp");
+  // InvalidArgument names what is wrong with it.
+  static absl::StatusOr<std::string> CanonicalGroupName(absl::string_view axes);
+
+  // Replaces the root and the mesh in place: aborts every communicator of
+  // the current generation (Work in flight fails with Aborted), destroys
+  // them, then creates the standard groups of `new_mesh` over `new_root`
+  // and increments the generation. Collective over `new_root` (every
+  // survivor calls it); the caller has revoked or aborted the old root and
+  // made `new_root` from it (Shrink). InvalidArgument (the World unchanged)
+  // when `new_root` is null or the mesh is not for its size; on a later
+  // failure the World is left broken at the new generation (status() says
+  // why; a later Rebuild may repair it), never half built.
+  absl::Status Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& new_mesh);
+
+  // Aborts the root and every group communicator of the current generation
+  // (and the new root while a Rebuild is running), so that every pending
+  // and later operation fails at once. From any thread; returns in bounded
+  // time (it never waits for a collective). Rebuild repairs the World.
+  void AbortAll();
 
  private:
-  World(std::unique_ptr<Communicator> root, Mesh mesh);
+  explicit World(std::shared_ptr<internal::WorldState> state);
 
-  std::unique_ptr<Communicator> root_;
-  Mesh mesh_;
-  // Canonical name -> communicator (shared where two names have the same
-  // members).
-  std::map<std::string, std::shared_ptr<Communicator>> groups_;
-  std::vector<std::string> order_;
+  std::shared_ptr<internal::WorldState> state_;
 };
 
 }  // namespace strata

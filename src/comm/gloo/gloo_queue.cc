@@ -118,6 +118,13 @@ void GlooQueue::Stop(const absl::Status& status) {
   done_cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   if (completer_.joinable()) completer_.join();
+  {
+    // A thread waiting for a Work may be running a claimed `finish`, which
+    // uses the communicator (FailAll interrupted it): the communicator may
+    // only go once it is out. Later waits cannot claim (stop_).
+    std::unique_lock<std::mutex> lock(mu_);
+    claim_cv_.wait(lock, [this] { return !claimed_; });
+  }
   // What the worker never ran (failed above); Works may keep the queue.
   std::lock_guard<std::mutex> lock(mu_);
   to_run_.clear();
@@ -332,6 +339,7 @@ absl::Status GlooQueue::Wait(const std::shared_ptr<comm_internal::PendingOp>& pe
       wake =
           stop_ || (!to_finish_.empty() && NeedsCompleter(Due(*to_finish_.front()), absl::Now()));
     }
+    claim_cv_.notify_all();
     if (wake) done_cv_.notify_one();
     // Suspended before the deadline (a request that came late for an
     // earlier wait): claim again.

@@ -108,8 +108,10 @@ class GlooQueue : public std::enable_shared_from_this<GlooQueue> {
   void FailAll(const absl::Status& status);
   // True while the worker runs an operation.
   bool busy() const;
-  // Fails what is left with `status` and joins both threads. The caller
-  // first unblocks an operation stuck in Gloo (Context::CloseConnections).
+  // Fails what is left with `status`, joins both threads and waits until no
+  // waiting thread runs a claimed `finish` (which uses the communicator).
+  // The caller first unblocks an operation stuck in Gloo
+  // (Context::CloseConnections).
   void Stop(const absl::Status& status);
 
   // For the Works: waits for operation `seq` (QueuedOp::seq) until
@@ -164,8 +166,10 @@ class GlooQueue : public std::enable_shared_from_this<GlooQueue> {
   absl::Time completer_wakes_ = absl::InfinitePast();
   // Until when the completer ticks (the last claimable operation + kIdleAfter).
   absl::Time ticking_until_ = absl::InfinitePast();
-  // The claim in progress, if any: only one thread claims at a time.
+  // The claim in progress, if any: only one thread claims at a time. Stop
+  // waits on claim_cv_ for it to end.
   bool claimed_ = false;
+  std::condition_variable claim_cv_;
   absl::Time claim_until_;
   QueuedOp* claim_current_ = nullptr;  // whose finish runs on the claiming thread
   bool claim_expired_ = false;

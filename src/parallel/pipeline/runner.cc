@@ -111,25 +111,28 @@ struct PipelineRunner::StepState {
   int64_t Cell(int stage, int microbatch) const { return int64_t{stage} * m + microbatch; }
 };
 
-PipelineRunner::PipelineRunner(Schedule schedule, Communicator* comm, RunnerOptions options)
+PipelineRunner::PipelineRunner(Schedule schedule, GroupHandle group, int rank,
+                               RunnerOptions options)
     : schedule_(std::move(schedule)),
-      comm_(comm),
+      group_(std::move(group)),
       options_(std::move(options)),
-      rank_(comm->rank()) {
+      rank_(rank) {
   op_options_.stream = options_.stream;
 }
 
 PipelineRunner::~PipelineRunner() = default;
 
 absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(Schedule schedule,
-                                                                       Communicator* comm,
+                                                                       GroupHandle group,
                                                                        RunnerOptions options) {
   if (options.version != RunnerOptions::kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("RunnerOptions version ", options.version,
                                                    " is not supported (this build reads version ",
                                                    RunnerOptions::kVersion, ")"));
   }
-  if (comm == nullptr) return absl::InvalidArgumentError("the communicator is null");
+  // The schedule is for this layout of the group: pinned (see runner.h).
+  STRATA_ASSIGN_OR_RETURN(GroupHandle pinned, group.Pin("pipeline runner"));
+  STRATA_ASSIGN_OR_RETURN(Communicator * comm, pinned.Resolve());
   if (comm->size() != schedule.num_ranks()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the schedule", schedule.name().empty() ? "" : " '" + schedule.name() + "'", " has ",
@@ -157,8 +160,9 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(Schedule 
   validate.communication = CommActions::kRequired;
   validate.comm_model = CommModel::kRendezvous;
   STRATA_RETURN_IF_ERROR(ValidateSchedule(schedule, validate));
+  const int rank = comm->rank();
   return std::unique_ptr<PipelineRunner>(
-      new PipelineRunner(std::move(schedule), comm, std::move(options)));
+      new PipelineRunner(std::move(schedule), std::move(pinned), rank, std::move(options)));
 }
 
 std::string PipelineRunner::Context(int index) const {
@@ -177,6 +181,14 @@ absl::StatusOr<StepResult> PipelineRunner::Step(const StageFunctions& fns) {
   st.m = schedule_.num_microbatches();
   st.num_stages = schedule_.num_stages();
   const std::vector<Action>& list = schedule_.actions(rank_);
+  // The group's communicator of the World's current generation (the same
+  // one until a rebuild); nothing was posted yet if it fails.
+  absl::StatusOr<Communicator*> comm = group_.Resolve();
+  if (!comm.ok()) {
+    return ::strata::internal::Annotate(comm.status(),
+                                        absl::StrCat("pipeline rank ", rank_, " starting a step"));
+  }
+  comm_ = *comm;
 
   // Missing functions are found before any transfer is posted.
   bool full = false, split = false;

@@ -50,7 +50,7 @@ std::vector<RankResult> RunAll(FakeGroup& group, const Schedule& schedule,
     if (r == skip) continue;
     threads.emplace_back([&, r] {
       absl::StatusOr<std::unique_ptr<PipelineRunner>> runner =
-          PipelineRunner::Create(schedule, comms[r].get(), options);
+          PipelineRunner::Create(schedule, GroupHandle::Fixed(comms[r].get()), options);
       if (!runner.ok()) {
         results[r].step = runner.status();
         return;
@@ -419,22 +419,24 @@ TEST(RunnerTest, CreateChecksItsArguments) {
   FakeGroup group(2, FakeOrdering::kInOrder);
   std::unique_ptr<Communicator> comm = group.Comm(0);
   const Schedule three = OneForwardOneBackward(3, 2);
-  EXPECT_THAT(PipelineRunner::Create(three, comm.get(), {}).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(three, GroupHandle::Fixed(comm.get()), {}).status().message(),
               HasSubstr("the schedule '1F1B p=3 m=2' has 3 ranks but communicator 'pp' has 2"));
   const Schedule two = OneForwardOneBackward(2, 2);
-  EXPECT_THAT(PipelineRunner::Create(two, nullptr, {}).status().message(),
-              HasSubstr("the communicator is null"));
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle(), {}).status().message(),
+              HasSubstr("the group handle is empty"));
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle::Fixed(nullptr), {}).status().message(),
+              HasSubstr("the group handle is empty"));
   RunnerOptions o;
   o.timeout = absl::ZeroDuration();
-  EXPECT_THAT(PipelineRunner::Create(two, comm.get(), o).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle::Fixed(comm.get()), o).status().message(),
               HasSubstr("RunnerOptions::timeout is 0; want > 0"));
   o = {};
   o.shapes = ShapeExchange::kDeclared;
-  EXPECT_THAT(PipelineRunner::Create(two, comm.get(), o).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle::Fixed(comm.get()), o).status().message(),
               HasSubstr("ShapeExchange::kDeclared needs RunnerOptions::input_specs"));
   o = {};
   o.version = 0;
-  EXPECT_THAT(PipelineRunner::Create(two, comm.get(), o).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle::Fixed(comm.get()), o).status().message(),
               HasSubstr("RunnerOptions version 0 is not supported"));
   // A compute order has no transfers to execute; a naive order deadlocks.
   ScheduleOptions so;
@@ -442,17 +444,20 @@ TEST(RunnerTest, CreateChecksItsArguments) {
   so.num_microbatches = 2;
   absl::StatusOr<Schedule> order = GenerateComputeOrder(so);
   ASSERT_TRUE(order.ok());
-  EXPECT_THAT(PipelineRunner::Create(*order, comm.get(), {}).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(*order, GroupHandle::Fixed(comm.get()), {}).status().message(),
               HasSubstr("but rank 1 has no 1RECV_F0<0 before it"));
   FakeGroup device(2, FakeOrdering::kInOrder, "pp", MemoryKind::kCuda);
   std::unique_ptr<Communicator> device_comm = device.Comm(0);
-  EXPECT_THAT(PipelineRunner::Create(two, device_comm.get(), {}).status().message(),
-              HasSubstr("communicator 'pp' works on device memory; set RunnerOptions::allocate"));
+  EXPECT_THAT(
+      PipelineRunner::Create(two, GroupHandle::Fixed(device_comm.get()), {}).status().message(),
+      HasSubstr("communicator 'pp' works on device memory; set RunnerOptions::allocate"));
   RunnerOptions on_device;
   on_device.allocate = [](const TensorSpec& spec) -> absl::StatusOr<StageTensor> {
     return StageTensor::Host(spec);
   };
-  EXPECT_THAT(PipelineRunner::Create(two, device_comm.get(), on_device).status().message(),
+  EXPECT_THAT(PipelineRunner::Create(two, GroupHandle::Fixed(device_comm.get()), on_device)
+                  .status()
+                  .message(),
               HasSubstr("communicator 'pp' works on device memory, but ShapeExchange::kPerTransfer "
                         "sends each transfer's shapes from host memory; use "
                         "ShapeExchange::kDeclared"));
@@ -460,8 +465,9 @@ TEST(RunnerTest, CreateChecksItsArguments) {
       "0F0 0RECV_B0<1 0SEND_F0>1 0B0\n"
       "1RECV_F0<0 1F0 1B0 1SEND_B0>0\n");
   ASSERT_TRUE(crossed.ok());
-  EXPECT_THAT(PipelineRunner::Create(*crossed, comm.get(), {}).status().message(),
-              HasSubstr("deadlock"));
+  EXPECT_THAT(
+      PipelineRunner::Create(*crossed, GroupHandle::Fixed(comm.get()), {}).status().message(),
+      HasSubstr("deadlock"));
 }
 
 // On a device communicator (declared shapes, tensors from `allocate`)

@@ -1,9 +1,9 @@
 // PipelineRunner: executes a validated schedule on one rank of a pipeline
 // group, calling the user's stage functions and moving activations and
-// gradients over a strata::Communicator.
+// gradients over the communicator of a group handle (group_handle.h).
 //
-// Every rank of the pp group builds a runner over the same schedule and its
-// own communicator, then calls Step() once per training step:
+// Every rank of the pp group builds a runner over the same schedule and a
+// handle on its pipeline group, then calls Step() once per training step:
 //
 //   strata::pipeline::StageFunctions fns;
 //   fns.forward = [&](const strata::pipeline::ForwardCall& call)
@@ -14,8 +14,9 @@
 //       -> absl::StatusOr<strata::pipeline::TensorList> {
 //     ...   // accumulate parameter gradients; return the inputs' gradients
 //   };
+//   absl::StatusOr<strata::GroupHandle> pp = world->Handle("pp");
 //   absl::StatusOr<std::unique_ptr<strata::pipeline::PipelineRunner>> runner =
-//       strata::pipeline::PipelineRunner::Create(schedule, pp_comm, {});
+//       strata::pipeline::PipelineRunner::Create(schedule, *pp, {});
 //   absl::StatusOr<strata::pipeline::StepResult> step = (*runner)->Step(fns);
 //   step->losses;   // per microbatch on the rank that holds the last stage
 //
@@ -70,6 +71,13 @@
 // shrink it). Every wait ends by the step's deadline. A stage function that
 // never returns cannot be interrupted.
 //
+// Rebuilds: the runner resolves its handle at the start of every step, so it
+// follows a World rebuild that keeps this rank's rank and the group's size
+// (other data-parallel replicas left). Its schedule is for one pipeline
+// layout, so it pins the handle (GroupHandle::Pin): after a rebuild that
+// changed the layout, Step fails with FailedPrecondition naming both
+// generations and layouts, and a new runner must be built.
+//
 // Thread-safety: not thread-safe; one Step at a time. The stage functions
 // run on the calling thread.
 #pragma once
@@ -86,6 +94,7 @@
 #include "strata/base/dtype.h"
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 #include "strata/parallel/pipeline/schedule.h"
 
 namespace strata::pipeline {
@@ -230,10 +239,12 @@ struct STRATA_EXPORT StepResult {
 class STRATA_EXPORT PipelineRunner {
  public:
   // Validates the schedule (communication required, rendezvous deadlock
-  // check) and that `comm` (not owned; must outlive the runner) has one rank
-  // per schedule rank. InvalidArgument says what does not fit.
+  // check) and that `group`'s communicator (resolved now; for a fixed
+  // handle, the caller keeps it alive) has one rank per schedule rank.
+  // InvalidArgument says what does not fit; the handle's error when it does
+  // not resolve.
   static absl::StatusOr<std::unique_ptr<PipelineRunner>> Create(Schedule schedule,
-                                                                Communicator* comm,
+                                                                GroupHandle group,
                                                                 RunnerOptions options);
   ~PipelineRunner();
   PipelineRunner(const PipelineRunner&) = delete;
@@ -245,10 +256,12 @@ class STRATA_EXPORT PipelineRunner {
 
   const Schedule& schedule() const { return schedule_; }
   int rank() const { return rank_; }
+  // The pinned handle the runner resolves at each step.
+  const GroupHandle& group() const { return group_; }
 
  private:
   struct StepState;
-  PipelineRunner(Schedule schedule, Communicator* comm, RunnerOptions options);
+  PipelineRunner(Schedule schedule, GroupHandle group, int rank, RunnerOptions options);
 
   absl::Status Execute(StepState& st, const StageFunctions& fns, int index);
   absl::Status Forward(StepState& st, const StageFunctions& fns, const Action& a);
@@ -276,7 +289,9 @@ class STRATA_EXPORT PipelineRunner {
   std::string Context(int index) const;
 
   Schedule schedule_;
-  Communicator* comm_;
+  GroupHandle group_;
+  // The step's communicator, resolved from group_ when the step starts.
+  Communicator* comm_ = nullptr;
   RunnerOptions options_;
   OpOptions op_options_;  // every send and receive (RunnerOptions::stream)
   int rank_;
