@@ -32,7 +32,7 @@ def shared_dir(world):
     name = tempfile.mkdtemp(prefix="strata-replica-bench-") if world.rank == 0 else ""
     buf = torch.zeros(256, dtype=torch.uint8)
     buf[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
-    world.group("world").broadcast(buf, root=0)
+    world.group("world").broadcast(buf, src=0)
     return bytes(buf[buf != 0].tolist()).decode()
 
 

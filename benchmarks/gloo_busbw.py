@@ -45,17 +45,17 @@ def iters_for(bytes_, fixed):
 def run_strata(g, op, a, b, rank, n):
     """The same operations through strata (a strata.Group)."""
     if op == "allreduce":
-        g.allreduce(b)  # in place, as gloo's
+        g.all_reduce(b)  # in place, as gloo's
     elif op == "allgather":
         per = b.numel() // n
-        g.allgather(b[:per * n], a[:per])
+        g.all_gather(b[:per * n], a[:per])
     elif op == "reduce_scatter":
         per = a.numel() // n
         g.reduce_scatter(b[:per], a[:per * n])
     elif op == "broadcast":
-        g.broadcast(b, root=0)
+        g.broadcast(b, src=0)
     elif op == "alltoall":
-        g.all_to_all(b, a)
+        g.all_to_all_single(b, a)
     elif op == "sendrecv":
         works = [g.recv(b, (rank - 1) % n, async_op=True), g.send(a, (rank + 1) % n, async_op=True)]
         for w in works:
@@ -109,7 +109,7 @@ def strata_side(name, rank, n, tcp):
             os.environ["STRATA_GLOO_CMA"] = before
     g = world.group()
     return world, Side(name, lambda op, a, b: run_strata(g, op, a, b, rank, n), g.barrier,
-                       lambda us: g.allreduce(us, op="max"))
+                       lambda us: g.all_reduce(us, op="max"))
 
 
 def torch_side(rank, n, torchrun):

@@ -35,9 +35,9 @@ def buffers(op, nbytes, n, device):
 
 def strata_op(group, op, a, b):
     if op == "allreduce":
-        return group.allreduce(b, async_op=True)
+        return group.all_reduce(b, async_op=True)
     if op == "allgather":
-        return group.allgather(b, a, async_op=True)
+        return group.all_gather(b, a, async_op=True)
     return group.reduce_scatter(b, a, async_op=True)
 
 

@@ -154,13 +154,13 @@ def stage_noise(module, rows, hidden, iters, group):
 
     alone = 0.0
     for turn in range(group.size):
-        group.allreduce(flag)
+        group.all_reduce(flag)
         if group.rank == turn:
             alone = measure()
-    group.allreduce(flag)
+    group.all_reduce(flag)
     at_once = measure()
     out = torch.tensor([alone, at_once], dtype=torch.float64)
-    group.allreduce(out, op="avg")
+    group.all_reduce(out, op="avg")
     return out.tolist()
 
 
@@ -264,7 +264,7 @@ def main():
 
     def slowest(seconds):
         t = torch.tensor([seconds], dtype=torch.float64)
-        world.group().allreduce(t, op="max")
+        world.group().all_reduce(t, op="max")
         return t.item()
 
     results = []
@@ -283,14 +283,14 @@ def main():
 
         def run_strata():
             ours.zero_grad()
-            world.group().allreduce(barrier_flag)
+            world.group().all_reduce(barrier_flag)
             t0 = time.perf_counter()
             ours_sched.step(x if rank == 0 else None, y if rank == p - 1 else None)
             return time.perf_counter() - t0, ours_sched.stats
 
         def run_torch():
             theirs.zero_grad()
-            world.group().allreduce(barrier_flag)
+            world.group().all_reduce(barrier_flag)
             t0 = time.perf_counter()
             if rank == 0:
                 torch_sched.step(x)
@@ -313,21 +313,21 @@ def main():
                     # being the slowest rank's step (the barrier aligned
                     # the starts), averaged over the ranks.
                     busy = torch.tensor([stats.busy_seconds], dtype=torch.float64)
-                    world.group().allreduce(busy, op="avg")
+                    world.group().all_reduce(busy, op="avg")
                     makespan = slowest(stats.step_seconds)
                     # Every rank's compute durations, for the replay.
                     mine = torch.tensor([e - b for _, b, e in stats.timings],
                                         dtype=torch.float64)
                     spread = torch.tensor([compute_spread(stats.timings, kinds)],
                                           dtype=torch.float64)
-                    world.group().allreduce(spread, op="avg")
+                    world.group().all_reduce(spread, op="avg")
                     every = torch.zeros(p * mine.numel(), dtype=torch.float64)
-                    world.group().allgather(every, mine)
+                    world.group().all_gather(every, mine)
                     # ... and when they ran, on the host's wall clock.
                     spans = torch.tensor([[stats.start_time + b, stats.start_time + e]
                                           for _, b, e in stats.timings], dtype=torch.float64)
                     every_span = torch.zeros(p * spans.numel(), dtype=torch.float64)
-                    world.group().allgather(every_span, spans.flatten())
+                    world.group().all_gather(every_span, spans.flatten())
                     if k >= args.warmup:
                         ours_t.append(s)
                         bubbles.append(1.0 - busy.item() / makespan)
@@ -344,7 +344,7 @@ def main():
                             e - b for label, b, e in stats.timings if kind_of(label) == kind)
                             for kind in kinds], dtype=torch.float64)
                         every_fb = torch.zeros(len(kinds) * p, dtype=torch.float64)
-                        world.group().allgather(every_fb, fb)
+                        world.group().all_gather(every_fb, fb)
                         means.append(every_fb.view(p, len(kinds)).tolist())
                 else:
                     s = slowest(run_torch())

@@ -67,7 +67,7 @@ def main():
 
     def slowest(seconds):
         t = torch.tensor([seconds], dtype=torch.float64)
-        world.group("world").allreduce(t, op="max")
+        world.group("world").all_reduce(t, op="max")
         return t.item()
 
     def timed(fn):

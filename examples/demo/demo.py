@@ -67,10 +67,10 @@ def show_group_sums(world):
     mine = np.zeros(len(AXES), dtype=np.int64)
     for i, axes in enumerate(AXES):
         x = np.array([world.rank], dtype=np.int64)
-        world.group(axes).allreduce(x)
+        world.group(axes).all_reduce(x)
         mine[i] = x[0]
     everyone = np.zeros((world.size, len(AXES)), dtype=np.int64)
-    world.group().allgather(everyone, mine)
+    world.group().all_gather(everyone, mine)
     if world.rank != 0:
         return
     print("\nallreduce(sum) of each rank's number over its groups:", flush=True)
@@ -86,14 +86,14 @@ def show_group_sums(world):
 def show_busbw(world):
     g = world.group()
     x = np.ones(BUSBW_BYTES // 4, dtype=np.float32)
-    g.allreduce(x)  # warm-up
+    g.all_reduce(x)  # warm-up
     iters = 5
     g.barrier()
     start = time.perf_counter()
     for _ in range(iters):
-        g.allreduce(x)
+        g.all_reduce(x)
     elapsed = np.array([(time.perf_counter() - start) / iters])
-    g.allreduce(elapsed, op="max")
+    g.all_reduce(elapsed, op="max")
     n = world.size
     algbw = BUSBW_BYTES / elapsed[0] / 1e9
     if world.rank == 0:

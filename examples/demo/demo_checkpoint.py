@@ -44,7 +44,7 @@ def _shared_tempdir(world):
     if world.rank == 0:
         raw = list(name.encode())
         buf[:len(raw)] = torch.tensor(raw, dtype=torch.uint8)
-    world.group("world").broadcast(buf, root=0)
+    world.group("world").broadcast(buf, src=0)
     return bytes(buf[buf != 0].tolist()).decode()
 
 
@@ -79,7 +79,7 @@ def adam_fingerprint(world, model, opt):
             st = opt.state.get(p)
             if st and (getattr(p, "tensor_parallel_sharding", None) is not None or tp.rank == 0):
                 total += st["exp_avg_sq"].double().sum()
-    world.group("world").allreduce(total)
+    world.group("world").all_reduce(total)
     return total.item()
 
 

@@ -64,7 +64,7 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     n_params = torch.tensor([sum(p.numel() for p in params)])
-    pp.allreduce(n_params)
+    pp.all_reduce(n_params)
     tokens_per_step = seq * batch_size * dp.size
     if world.rank == 0:
         print(f"\nTraining a {layers}-layer GPT ({hidden} hidden, {heads} heads, "
@@ -93,7 +93,7 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         for p in params:
             flat[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
             offset += p.numel()
-        dp.allreduce(flat, op="avg")
+        dp.all_reduce(flat, op="avg")
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
@@ -108,8 +108,8 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
                 fixed_loss=lambda ids, targets: stage_loss(model, pp, ids, targets))
         # The last stage holds the losses: sum over pp (the others add 0).
         shown = torch.tensor([sum(l.item() for l in losses) / len(losses) if losses else 0.0])
-        pp.allreduce(shown)
-        dp.allreduce(shown, op="avg")
+        pp.all_reduce(shown)
+        dp.all_reduce(shown, op="avg")
         now = time.perf_counter()
         first = first if first is not None else shown.item()
         window.append(shown.item())
@@ -151,8 +151,8 @@ def measured_bubble(world, busy, elapsed):
     total step time)."""
     b = torch.tensor([busy], dtype=torch.float64)
     e = torch.tensor([elapsed], dtype=torch.float64)
-    world.group().allreduce(b, op="avg")
-    world.group().allreduce(e, op="max")
+    world.group().all_reduce(b, op="avg")
+    world.group().all_reduce(e, op="max")
     return 1.0 - b.item() / e.item()
 
 
@@ -166,9 +166,9 @@ def forward_stages(model, pp, x):
             h = model(x if s == 0 else h).contiguous()
         if s < pp.size - 1:  # pass the hidden state on to stage s + 1
             shape = torch.tensor(list(h.shape) if s == pp.rank else [0, 0, 0])
-            pp.allreduce(shape)
+            pp.all_reduce(shape)
             moved = h.clone() if s == pp.rank else torch.zeros(shape.tolist())
-            pp.allreduce(moved)
+            pp.all_reduce(moved)
             h = moved if pp.rank == s + 1 else h
     return h
 
@@ -182,7 +182,7 @@ def stage_loss(model, pp, ids, targets):
         loss = torch.tensor([model.loss(h, targets.t()).item() if model.last else 0.0],
                             dtype=torch.float64)
     model.train()
-    pp.allreduce(loss)
+    pp.all_reduce(loss)
     return loss.item()
 
 
@@ -207,10 +207,10 @@ def sample(model, tp, pp, seq, length=120, temperature=0.8):
             if pp.rank == pp.size - 1:
                 logits = h[len(window) - 1, 0]  # this rank's vocabulary shard
                 full = torch.empty(logits.numel() * tp.size)
-                tp.allgather(full, logits.contiguous())
+                tp.all_gather(full, logits.contiguous())
                 probs = torch.softmax(full / temperature, dim=0)
                 drawn[0] = int(torch.multinomial(probs, 1, generator=gen))
-            pp.allreduce(drawn)
+            pp.all_reduce(drawn)
             ids.append(int(drawn))
     model.train()
     return bytes(ids[len(prompt):]).decode("utf-8", errors="replace")

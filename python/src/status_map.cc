@@ -8,13 +8,25 @@ namespace strata::bindings {
 
 namespace {
 
+// What happened decides first, the area second (python/strata/errors.py):
+// a failed peer, a passed deadline, an aborted communicator and misuse are
+// the same error wherever they surface.
 const char* ExceptionName(const absl::Status& status, ErrorArea area) {
   // Payload set by the communication layer when a peer rank has failed.
   if (status.GetPayload("strata/rank-failure").has_value()) return "RankFailure";
-  // Misuse detected by the communication layer is a ValueError, not a
-  // communication failure.
-  if (area == ErrorArea::kComm && status.code() == absl::StatusCode::kInvalidArgument) {
-    return "InvalidArgument";
+  switch (status.code()) {
+    case absl::StatusCode::kDeadlineExceeded:
+      return "TimeoutError";
+    case absl::StatusCode::kAborted:
+      return "Aborted";
+    case absl::StatusCode::kInvalidArgument:
+      // Misuse of a communicator is a ValueError, not a communication
+      // failure; the other areas name their own misuse (CheckpointError,
+      // LaunchError, ... with code INVALID_ARGUMENT).
+      if (area == ErrorArea::kComm || area == ErrorArea::kGeneric) return "InvalidArgument";
+      break;
+    default:
+      break;
   }
   switch (area) {
     case ErrorArea::kLaunch:

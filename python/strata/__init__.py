@@ -8,7 +8,7 @@ in-process recovery from failed ranks. See README.md and docs/.
 from . import errors
 from ._strata import LaunchEnv, Mesh, available_backends, launch_env
 from ._strata import build_info as _build_info
-from .comm import Group, Work, World, init
+from .comm import Group, ReduceOp, Work, World, init
 from .errors import (
     CheckpointError,
     CommError,
@@ -18,6 +18,8 @@ from .errors import (
     MeshError,
     PipelineError,
     RankFailure,
+    TimeoutError,
+    Aborted,
     TopologyError,
 )
 
@@ -61,6 +63,9 @@ __all__ = [
     "MeshError",
     "CommError",
     "RankFailure",
+    "TimeoutError",
+    "Aborted",
+    "ReduceOp",
     "CheckpointError",
     "PipelineError",
     "TopologyError",

@@ -555,7 +555,7 @@ class Placement:
                 raise failure
             return
         first = torch.tensor([self.rank if failure is not None else self.size], dtype=torch.int64)
-        self.group.allreduce(first, op="min")
+        self.group.all_reduce(first, op="min")
         bad = int(first.item())
         if failure is not None:
             raise failure

@@ -50,7 +50,7 @@ def all_reduce(t, group, op="sum", async_op=False):
     if size_of(group) == 1:
         return _Pending()
     h = _host(t)
-    work = group.allreduce(h, op=op, async_op=True)
+    work = group.all_reduce(h, op=op, async_op=True)
     finish = None if h is t else (lambda: t.copy_(h))
     pending = _Pending(work, finish)
     if async_op:
@@ -81,7 +81,7 @@ def all_gather_rows(t, group, async_op=False):
         return (t, _Pending()) if async_op else t
     src = _host(t.contiguous())
     out = torch.empty((n * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
-    work = group.allgather(out, src, async_op=True)
+    work = group.all_gather(out, src, async_op=True)
     return _landed(work, out, t, async_op)
 
 

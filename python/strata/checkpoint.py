@@ -429,7 +429,7 @@ def _check_unexpected_globally(reader, placement, targets, unasked):
     asked = {t[0] for t in targets}
     mark = torch.tensor([1 if k in asked else 0 for k in keys], dtype=torch.int32)
     if mark.numel():
-        placement.group.allreduce(mark, op="max")
+        placement.group.all_reduce(mark, op="max")
     unexpected = [k for k, m in zip(keys, mark.tolist()) if not m and k in unasked]
     if unexpected:
         raise _error(f"checkpoint step {reader.step} has {len(unexpected)} tensor(s) that no rank "

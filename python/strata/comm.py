@@ -8,8 +8,8 @@ Under ``mpirun -np 8 python train.py``::
     world = strata.init(strata.Mesh(8, tp=2, pp=2))   # or strata.init() for pure DP
     tp = world.group("tp")                             # this rank's tensor-parallel group
     x = torch.ones(1024)
-    tp.allreduce(x)                                    # in place, op="sum"
-    work = world.group("dp").allreduce(x, op="avg", async_op=True)
+    tp.all_reduce(x)                                   # in place, op=strata.ReduceOp.SUM
+    work = world.group("dp").all_reduce(x, op=strata.ReduceOp.AVG, async_op=True)
     ...                                                # compute while it runs
     work.wait(timeout=30)
     world.destroy()                                    # or use `with strata.init() as world:`
@@ -25,8 +25,12 @@ group's communicator of the current generation. Groups made by
 ``Group.split`` and ``Group.shrink`` are standalone and own their
 communicator.
 
-Group methods follow ``torch.distributed``'s names. Ranks given to them
-(``root``, ``peer``) are ranks within the group. Tensors must be CPU torch
+Group methods follow ``torch.distributed``'s names and conventions
+(``all_reduce``, ``broadcast(tensor, src=)``, ``send(tensor, dst=)``,
+``op=`` a :class:`ReduceOp` or ``torch.distributed.ReduceOp``, ``timeout=``
+a ``datetime.timedelta`` or seconds, ``async_op=True`` returning a
+:class:`Work`). Ranks given to them (``src``, ``dst``) are ranks within
+the group. Tensors must be CPU torch
 tensors or numpy arrays (backends mpi, gloo) or CUDA tensors (backend
 nccl, on the tensor's current torch stream), contiguous; they are used in place, without
 copies, and must not be changed or freed while an asynchronous operation
@@ -38,13 +42,14 @@ Without a launcher, ``strata.init()`` gives a world of one rank.
 """
 
 import atexit
+import datetime
 import os
 import weakref
 
 from . import _strata
 from .errors import InvalidArgument, MeshError
 
-__all__ = ["init", "World", "Group", "Work"]
+__all__ = ["init", "World", "Group", "Work", "ReduceOp"]
 
 def _describe(obj):
     return type(obj).__module__ + "." + type(obj).__qualname__
@@ -100,11 +105,28 @@ def _buffer(obj, what, writable):
         f"{what}: expected a torch CPU tensor or a numpy array, got {_describe(obj)}")
 
 
+def _numel(obj):
+    n = 1
+    for d in tuple(obj.shape):
+        n *= d
+    return n
+
+
+def _concat(tensors):
+    """One contiguous 1-D copy of ``tensors`` (torch tensors or numpy arrays)."""
+    first = tensors[0]
+    if hasattr(first, "new_empty"):
+        import torch
+        return torch.cat([t.reshape(-1) for t in tensors])
+    import numpy
+    return numpy.concatenate([numpy.asarray(t).reshape(-1) for t in tensors])
+
+
 def _rows(obj):
     """Length of the first dimension and elements per row (torch's split unit)."""
     shape = tuple(obj.shape)
     if not shape:
-        raise InvalidArgument("all_to_all splits need tensors with at least one dimension")
+        raise InvalidArgument("all_to_all_single splits need tensors with at least one dimension")
     rows = shape[0]
     per_row = 1
     for n in shape[1:]:
@@ -112,31 +134,108 @@ def _rows(obj):
     return rows, per_row
 
 
-class Work:
-    """An operation in flight (``async_op=True``)."""
+class ReduceOp:
+    """Reduce operations, with torch.distributed.ReduceOp's names. Every
+    ``op=`` also takes ``torch.distributed.ReduceOp.SUM`` (and its other
+    supported members) and the strings "sum", "prod", "min", "max", "avg"."""
 
-    def __init__(self, raw):
+    SUM = "sum"
+    PRODUCT = "prod"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+
+
+# torch.distributed.ReduceOp members by name (without importing torch).
+_TORCH_OPS = {"SUM": "sum", "PRODUCT": "prod", "MIN": "min", "MAX": "max", "AVG": "avg"}
+
+
+def _op(op, what):
+    """The name the bindings take for ``op``: a strata.ReduceOp or string, or
+    a torch.distributed.ReduceOp member (torch is not imported for it)."""
+    if isinstance(op, str):
+        return op
+    if type(op).__module__.startswith("torch"):
+        inner = getattr(op, "op", op)  # a ReduceOp object wraps a RedOpType member
+        name = getattr(inner, "name", None)
+        if name in _TORCH_OPS:
+            return _TORCH_OPS[name]
+        raise InvalidArgument(
+            f"{what}: torch.distributed.ReduceOp.{name or repr(op)} is not supported (supported: "
+            f"{', '.join(_TORCH_OPS)})")
+    raise InvalidArgument(f"{what}: op must be a strata.ReduceOp, a "
+                          f"torch.distributed.ReduceOp or one of 'sum', 'prod', 'min', 'max', "
+                          f"'avg'; got {_describe(op)}")
+
+
+def _seconds(timeout, what):
+    """Seconds from a timeout given as a datetime.timedelta or a number;
+    None stays None."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        value = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        value = float(timeout)
+    else:
+        raise InvalidArgument(f"{what} must be a datetime.timedelta or a number of seconds, got "
+                              f"{_describe(timeout)}")
+    if not value > 0:
+        raise InvalidArgument(f"{what} must be positive, got {timeout!r}")
+    return value
+
+
+class Work:
+    """An operation in flight (``async_op=True``), as torch.distributed's Work."""
+
+    def __init__(self, raw, done=None):
         self._raw = raw
+        self._done = done  # runs once after a successful wait (copies out of a staging buffer)
 
     def wait(self, timeout=None):
-        """Blocks until the operation completes (True), or raises CommError
-        (RankFailure if a peer failed). ``timeout`` in seconds: past it,
-        CommError with code DEADLINE_EXCEEDED, and the operation stays in
-        flight (wait again)."""
-        return self._raw.wait(timeout)
+        """Blocks until the operation completes (True), or raises
+        :class:`strata.CommError` (:class:`strata.RankFailure` if a peer
+        failed). ``timeout`` (a datetime.timedelta or seconds): past it,
+        :class:`strata.TimeoutError`, and the operation stays in flight
+        (wait again)."""
+        result = self._raw.wait(_seconds(timeout, "wait: timeout"))
+        self._finish()
+        return result
 
     def is_completed(self):
         """True once done; raises the operation's error if it failed."""
-        return self._raw.is_completed()
+        done = self._raw.is_completed()
+        if done:
+            self._finish()
+        return done
+
+    def _finish(self):
+        if self._done is not None:
+            done, self._done = self._done, None
+            done()
 
     def __repr__(self):
         return repr(self._raw)
+
+
+def _new_flat(like, count):
+    """A new contiguous 1-D buffer of ``count`` elements of ``like``'s dtype
+    and device (a torch tensor or a numpy array)."""
+    if hasattr(like, "new_empty"):
+        return like.new_empty((count,))
+    import numpy
+    return numpy.empty((count,), dtype=like.dtype)
 
 
 class Group:
     """A process group: ``World.group(axes)``, a handle on this rank's group
     of ``axes`` that follows world rebuilds, or a group made by
     :meth:`split` / :meth:`shrink`, which owns its communicator.
+
+    Its operations have torch.distributed's names and conventions
+    (``all_reduce``, ``broadcast(tensor, src=)``, ``send(tensor, dst=)``,
+    ``op=``, ``async_op=``, ``timeout=``); ranks given to them are ranks
+    within this group (torch's ``group_src``/``group_dst``).
 
     ``name`` is the name the group was asked by, in canonical spelling
     (``world.group("cp-dp").name == "dp-cp"``), also where several names
@@ -155,85 +254,131 @@ class Group:
         lambda self: self._raw.transport,
         doc="How collectives and send/recv move data: the backend, or for gloo 'gloo, host "
         "copies' (ranks of one host copy between each other's buffers) or 'gloo, tcp'.")
-
-    def _run(self, work, async_op):
-        if async_op:
-            return Work(work)
-        work.wait(None)
-        return None
-
     memory = property(lambda self: self._raw.memory,
                       doc="'host' (CPU tensors) or 'cuda' (CUDA tensors, backend nccl).")
 
-    def allreduce(self, tensor, op="sum", async_op=False, timeout=None):
+    def _run(self, work, async_op, done=None):
+        w = Work(work, done)
+        if async_op:
+            return w
+        w.wait()
+        return None
+
+    def all_reduce(self, tensor, op=ReduceOp.SUM, async_op=False, timeout=None):
         """Reduces ``tensor`` over the group, in place."""
-        b = _buffer(tensor, "allreduce", True)
-        return self._run(self._raw.allreduce(b, b, op, timeout, tensor), async_op)
+        b = _buffer(tensor, "all_reduce", True)
+        return self._run(self._raw.allreduce(b, b, _op(op, "all_reduce"),
+                                             _seconds(timeout, "all_reduce: timeout"), tensor),
+                         async_op)
 
-    def broadcast(self, tensor, root=0, async_op=False, timeout=None):
-        """Copies ``tensor`` of group rank ``root`` to every rank."""
+    def broadcast(self, tensor, src=0, async_op=False, timeout=None):
+        """Copies ``tensor`` of group rank ``src`` to every rank."""
         b = _buffer(tensor, "broadcast", True)
-        return self._run(self._raw.broadcast(b, root, timeout, tensor), async_op)
+        return self._run(self._raw.broadcast(b, src, _seconds(timeout, "broadcast: timeout"),
+                                             tensor), async_op)
 
-    def reduce(self, tensor, root=0, op="sum", async_op=False, timeout=None):
-        """Reduces ``tensor`` onto group rank ``root``, in place there."""
+    def reduce(self, tensor, dst=0, op=ReduceOp.SUM, async_op=False, timeout=None):
+        """Reduces ``tensor`` onto group rank ``dst``, in place there."""
         b = _buffer(tensor, "reduce", True)
-        return self._run(self._raw.reduce(b, b, op, root, timeout, tensor), async_op)
+        return self._run(self._raw.reduce(b, b, _op(op, "reduce"), dst,
+                                          _seconds(timeout, "reduce: timeout"), tensor),
+                         async_op)
 
-    def allgather(self, output, input, async_op=False, timeout=None):
-        """``output`` (size x input elements) = every rank's ``input`` in
-        rank order, as torch's all_gather_into_tensor."""
-        o = _buffer(output, "allgather output", True)
-        i = _buffer(input, "allgather input", False)
-        return self._run(self._raw.allgather(i, o, timeout, (output, input)), async_op)
+    def all_gather(self, output, input, async_op=False, timeout=None):
+        """Every rank's ``input`` in rank order: into ``output``, a list of
+        ``size`` tensors shaped like ``input`` (torch's ``all_gather``), or
+        one tensor of ``size`` x ``input`` elements (torch's
+        ``all_gather_into_tensor``, without a copy)."""
+        t = _seconds(timeout, "all_gather: timeout")
+        if isinstance(output, (list, tuple)):
+            if len(output) != self.size:
+                raise InvalidArgument(f"all_gather: output has {len(output)} tensors, the group "
+                                      f"{self.name} has {self.size} ranks")
+            flat = _new_flat(input, self.size * _numel(input))
+            i = _buffer(input, "all_gather input", False)
+            o = _buffer(flat, "all_gather output", True)
 
-    def reduce_scatter(self, output, input, op="sum", async_op=False, timeout=None):
-        """Reduces ``input`` (size x output elements) and leaves block
-        ``rank`` in ``output``, as torch's reduce_scatter_tensor."""
+            n = _numel(input)
+            for r, out in enumerate(output):
+                if _numel(out) != n:
+                    raise InvalidArgument(
+                        f"all_gather: output[{r}] has {_numel(out)} elements, input has {n}")
+
+            def scatter_out():
+                for r, out in enumerate(output):
+                    chunk = flat[r * n:(r + 1) * n].reshape(tuple(out.shape))
+                    if hasattr(out, "copy_"):
+                        out.copy_(chunk)
+                    else:
+                        out[...] = chunk
+            return self._run(self._raw.allgather(i, o, t, (flat, input)), async_op, scatter_out)
+        o = _buffer(output, "all_gather output", True)
+        i = _buffer(input, "all_gather input", False)
+        return self._run(self._raw.allgather(i, o, t, (output, input)), async_op)
+
+    def reduce_scatter(self, output, input, op=ReduceOp.SUM, async_op=False, timeout=None):
+        """Reduces ``input`` over the group and leaves block ``rank`` of it in
+        ``output``: ``input`` is a list of ``size`` tensors shaped like
+        ``output`` (torch's ``reduce_scatter``) or one tensor of ``size`` x
+        ``output`` elements (torch's ``reduce_scatter_tensor``, without a
+        copy)."""
+        t = _seconds(timeout, "reduce_scatter: timeout")
         o = _buffer(output, "reduce_scatter output", True)
+        if isinstance(input, (list, tuple)):
+            if len(input) != self.size:
+                raise InvalidArgument(f"reduce_scatter: input has {len(input)} tensors, the "
+                                      f"group {self.name} has {self.size} ranks")
+            flat = _concat(input)
+            i = _buffer(flat, "reduce_scatter input", False)
+            return self._run(self._raw.reduce_scatter(i, o, _op(op, "reduce_scatter"), t,
+                                                      (output, flat)), async_op)
         i = _buffer(input, "reduce_scatter input", False)
-        return self._run(
-            self._raw.reduce_scatter(i, o, op, timeout, (output, input)), async_op)
+        return self._run(self._raw.reduce_scatter(i, o, _op(op, "reduce_scatter"), t,
+                                                  (output, input)), async_op)
 
-    def all_to_all(self, output, input, output_splits=None, input_splits=None, async_op=False,
-                   timeout=None):
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None,
+                          async_op=False, timeout=None):
         """As torch's all_to_all_single: block i of ``input`` goes to rank i;
-        splits (lists of first-dimension lengths, one per rank) make the
-        blocks unequal; without them the first dimension splits evenly."""
-        o = _buffer(output, "all_to_all output", True)
-        i = _buffer(input, "all_to_all input", False)
+        split sizes (lists of first-dimension lengths, one per rank) make
+        the blocks unequal; without them the first dimension splits evenly."""
+        t = _seconds(timeout, "all_to_all_single: timeout")
+        o = _buffer(output, "all_to_all_single output", True)
+        i = _buffer(input, "all_to_all_single input", False)
         keep = (output, input)
-        if output_splits is None and input_splits is None:
-            return self._run(self._raw.all_to_all(i, o, timeout, keep), async_op)
+        if output_split_sizes is None and input_split_sizes is None:
+            return self._run(self._raw.all_to_all(i, o, t, keep), async_op)
         in_rows, in_row = _rows(input)
         out_rows, out_row = _rows(output)
-        if input_splits is None:
-            input_splits = self._even(in_rows, "input")
-        if output_splits is None:
-            output_splits = self._even(out_rows, "output")
-        send = [int(s) * in_row for s in input_splits]
-        recv = [int(s) * out_row for s in output_splits]
-        return self._run(self._raw.all_to_all_v(i, o, send, recv, timeout, keep), async_op)
+        if input_split_sizes is None:
+            input_split_sizes = self._even(in_rows, "input")
+        if output_split_sizes is None:
+            output_split_sizes = self._even(out_rows, "output")
+        send = [int(s) * in_row for s in input_split_sizes]
+        recv = [int(s) * out_row for s in output_split_sizes]
+        return self._run(self._raw.all_to_all_v(i, o, send, recv, t, keep), async_op)
 
     def _even(self, rows, which):
         if rows % self.size:
             raise InvalidArgument(
-                f"all_to_all: {which} has {rows} rows, not divisible by the group size "
-                f"{self.size}; pass {which}_splits")
+                f"all_to_all_single: {which} has {rows} rows, not divisible by the group size "
+                f"{self.size}; pass {which}_split_sizes")
         return [rows // self.size] * self.size
 
-    def send(self, tensor, peer, async_op=False, timeout=None):
-        """Sends ``tensor`` to group rank ``peer``."""
+    def send(self, tensor, dst, async_op=False, timeout=None):
+        """Sends ``tensor`` to group rank ``dst``."""
         b = _buffer(tensor, "send", False)
-        return self._run(self._raw.send(b, peer, timeout, tensor), async_op)
+        return self._run(self._raw.send(b, dst, _seconds(timeout, "send: timeout"), tensor),
+                         async_op)
 
-    def recv(self, tensor, peer, async_op=False, timeout=None):
-        """Receives into ``tensor`` from group rank ``peer``."""
+    def recv(self, tensor, src, async_op=False, timeout=None):
+        """Receives into ``tensor`` from group rank ``src``."""
         b = _buffer(tensor, "recv", True)
-        return self._run(self._raw.recv(b, peer, timeout, tensor), async_op)
+        return self._run(self._raw.recv(b, src, _seconds(timeout, "recv: timeout"), tensor),
+                         async_op)
 
     def barrier(self, async_op=False, timeout=None):
-        return self._run(self._raw.barrier(timeout), async_op)
+        """Waits until every rank of the group has entered the barrier."""
+        return self._run(self._raw.barrier(_seconds(timeout, "barrier: timeout")), async_op)
 
     # ---- fault handling (for the elastic layer) ---------------------------
     def abort(self):
@@ -251,14 +396,16 @@ class Group:
     def shrink(self, excluded, name=None, timeout=None):
         """A new group without the ``excluded`` group ranks (failed or
         evicted); called by the survivors. None on an excluded rank."""
-        raw = self._raw.shrink(list(excluded), name or self.name + "-shrunk", timeout)
+        raw = self._raw.shrink(list(excluded), name or self.name + "-shrunk",
+                               _seconds(timeout, "shrink: timeout"))
         return None if raw is None else Group(raw)
 
     def split(self, color, key=None, name=None, timeout=None):
         """Ranks with equal ``color`` form a new group, ordered by ``key``;
         a negative color takes no part (None)."""
         raw = self._raw.split(color, self.rank if key is None else key,
-                              name or f"{self.name}-split{color}", timeout)
+                              name or f"{self.name}-split{color}",
+                              _seconds(timeout, "split: timeout"))
         return None if raw is None else Group(raw)
 
     def _pinned(self, holder):
@@ -389,9 +536,12 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     a mesh of pure data parallelism. ``backend``: "auto" (NCCL where a GPU
     is visible and NCCL is built; otherwise MPI under mpirun, Slurm or no
     launcher, and Gloo under torchrun), "mpi", "gloo" or "nccl".
-    ``timeout``: seconds each operation may take before it fails (default
-    600). ``group_timeout``: seconds the ranks wait for each other when a
-    group is created on first request (default: ``timeout``). ``env``
+    ``timeout``: how long each operation may take before it fails with
+    :class:`strata.TimeoutError` (a datetime.timedelta or seconds; default
+    10 minutes: a collective that some rank never calls fails then, naming
+    the rank, the group and the operation). ``group_timeout``: how long the
+    ranks wait for each other when a group is created on first request
+    (default: ``timeout``). ``env``
     replaces os.environ for launcher detection.
 
     Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
@@ -402,6 +552,9 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     Collective: every rank must call it.
     """
     from . import store as _store
+    timeout = _seconds(timeout, "timeout")
+    store_timeout = _seconds(store_timeout, "store_timeout")
+    group_timeout = _seconds(group_timeout, "group_timeout")
     launch = _strata.launch_env(env)
     if mesh is None:
         mesh = _strata.Mesh(launch.world_size)
@@ -411,9 +564,7 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         raise MeshError(f"the mesh is for {mesh.world_size} ranks but the job has "
                         f"{launch.world_size} ({launch!r})")
     if store_timeout is None:
-        store_timeout = 300.0 if timeout is None else float(timeout)
-    if store_timeout <= 0:
-        raise InvalidArgument(f"store_timeout must be positive, got {store_timeout}")
+        store_timeout = 300.0 if timeout is None else timeout
     keep = None  # a TCPStore this rank serves must outlive the world
     if store is not None and not isinstance(store, _store.Store):
         store = _store.from_torch(store)
@@ -421,8 +572,6 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
             and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
             and not (env if env is not None else os.environ).get("STRATA_STORE")):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
-    if group_timeout is not None and not group_timeout > 0:
-        raise InvalidArgument(f"group_timeout must be positive, got {group_timeout}")
     world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store))
     world._store = (store, keep)
     return world

@@ -4,7 +4,16 @@ Every error strata raises is a :class:`strata.Error`. The C++ core reports
 ``absl::Status`` values; one mapper (``python/src/status_map.cc``) turns them
 into these classes, and sets ``code`` to the canonical status code name
 (``"INVALID_ARGUMENT"``, ``"DEADLINE_EXCEEDED"``, ...).
+
+The class is chosen by what happened first, then by where: a peer rank that
+failed is a :class:`RankFailure`, a deadline that passed a
+:class:`TimeoutError` (a collective, a group's creation, a checkpoint's
+agreement alike), a revoked or aborted communicator an :class:`Aborted`,
+misuse an :class:`InvalidArgument`; anything else is the error of its area
+(:class:`CheckpointError`, :class:`PipelineError`, ...).
 """
+
+import builtins
 
 
 class Error(Exception):
@@ -34,6 +43,24 @@ class CommError(Error, RuntimeError):
 class RankFailure(CommError):
     """A peer rank failed; the communicator must be shrunk or rebuilt."""
 
+    code = "UNAVAILABLE"
+
+
+class TimeoutError(CommError, builtins.TimeoutError):  # noqa: A001 (strata.TimeoutError)
+    """A deadline passed: an operation, a group's creation, a store wait or a
+    checkpoint's agreement did not complete in time (some rank never took
+    part, or is stuck). The message names the rank, the group and the
+    operation."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class Aborted(CommError):
+    """The communicator was aborted or revoked (by this rank, a peer, or the
+    elastic layer) while the operation ran or before it started."""
+
+    code = "ABORTED"
+
 
 class CheckpointError(Error, RuntimeError):
     """A checkpoint could not be saved, committed, verified or loaded."""
@@ -54,6 +81,8 @@ __all__ = [
     "MeshError",
     "CommError",
     "RankFailure",
+    "TimeoutError",
+    "Aborted",
     "CheckpointError",
     "PipelineError",
     "TopologyError",

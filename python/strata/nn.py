@@ -74,7 +74,7 @@ def tp_group(group):
         return None
     if hasattr(group, "group") and hasattr(group, "mesh"):  # strata.World
         return group.group("tp")
-    if hasattr(group, "allreduce") and hasattr(group, "size"):  # strata.Group
+    if hasattr(group, "all_reduce") and hasattr(group, "size"):  # strata.Group
         return group
     raise InvalidArgument(f"group must be a strata.World, a strata.Group or None, got "
                           f"{type(group).__module__}.{type(group).__qualname__}")

@@ -12,7 +12,7 @@ last the targets; others may pass None)::
     stage = pipeline.PipelineStage(build_stage(pp.rank), pp.rank, world)
     schedule = pipeline.Schedule1F1B(stage, n_microbatches=8, loss_fn=loss_fn)
     losses = schedule.step(inputs, targets)     # list on the last stage, else None
-    ...                                          # dp allreduce, optimizer.step()
+    ...                                          # dp all_reduce, optimizer.step()
 
 ``ScheduleGPipe`` and ``ScheduleZeroBubble`` (zero-bubble H1: the backward
 split into input and weight gradients) have the same arguments;

@@ -18,7 +18,7 @@ env = strata.launch_env()
 assert env.world_size == 2, env
 with strata.init(strata.Mesh(env.world_size, tp=2)) as world:
     x = np.arange(1000, dtype=np.float32) * (env.rank + 1)
-    world.group("tp").allreduce(x)
+    world.group("tp").all_reduce(x)
     # The reference: the sum of every rank's contribution, computed here.
     ref = sum(np.arange(1000, dtype=np.float32) * (r + 1) for r in range(env.world_size))
     np.testing.assert_array_equal(x, ref)

@@ -42,7 +42,7 @@ def shared_dir():
     name = tempfile.mkdtemp(prefix="strata-mrckpt-") if w.rank == 0 else ""
     buf = torch.zeros(256, dtype=torch.uint8)
     buf[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
-    w.group("world").broadcast(buf, root=0)
+    w.group("world").broadcast(buf, src=0)
     path = bytes(buf[buf != 0].tolist()).decode()
     yield path
     w.group("world").barrier()
@@ -142,7 +142,7 @@ def global_state(model, opt, tp_group):
                 dim = spec[0]
                 parts = torch.empty((tp_group.size,) + tuple(t.movedim(dim, 0).shape),
                                     dtype=t.dtype)
-                tp_group.allgather(parts, t.movedim(dim, 0).contiguous())
+                tp_group.all_gather(parts, t.movedim(dim, 0).contiguous())
                 t = torch.cat(list(parts), dim=0).movedim(0, dim)
             out[(name, field)] = t.clone()
     return out
@@ -155,7 +155,7 @@ def train_step(model, opt, dp_group, seed):
     opt.zero_grad()
     loss.backward()
     for p in model.parameters():
-        dp_group.allreduce(p.grad, op="avg")
+        dp_group.all_reduce(p.grad, op="avg")
     opt.step()
 
 

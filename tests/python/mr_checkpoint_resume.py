@@ -37,7 +37,7 @@ def shared_dir(world):
     name = tempfile.mkdtemp(prefix="strata-resume-") if world.rank == 0 else ""
     buf = torch.zeros(256, dtype=torch.uint8)
     buf[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
-    world.group("world").broadcast(buf, root=0)
+    world.group("world").broadcast(buf, src=0)
     path = bytes(buf[buf != 0].tolist()).decode()
     yield path
     world.group("world").barrier()
@@ -80,12 +80,12 @@ class Trainer:
             self.opt.zero_grad()
             loss.backward()
             for p in self.model.parameters():
-                self.dp.allreduce(p.grad, op="avg")
+                self.dp.all_reduce(p.grad, op="avg")
             self.opt.step()
             self.sched.step()
             self.step += 1
             shown = torch.tensor([loss.item()], dtype=torch.float64)
-            self.dp.allreduce(shown, op="avg")
+            self.dp.all_reduce(shown, op="avg")
             losses.append(shown.item())
         return losses
 

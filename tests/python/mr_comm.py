@@ -34,7 +34,7 @@ def world():
 def agree(world, problems):
     """Fails on every rank if any rank found a problem."""
     flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().allreduce(flag, op="max")
+    world.group().all_reduce(flag, op="max")
     assert not problems, problems[:5]
     assert flag.item() == 0, "failed on another rank (see its report)"
 
@@ -98,10 +98,10 @@ def test_allreduce_reduce_every_dtype_size_op(world):
                 what = f"{dtype} {op} n={n}"
                 want = reference(n, op, dtype)
                 x = inputs(r, n, op, dtype)
-                g.allreduce(x, op=op)
+                g.all_reduce(x, op=op)
                 problems += mismatch("allreduce " + what, x, want)
                 y = inputs(r, n, op, dtype)
-                g.reduce(y, root=N - 1, op=op)
+                g.reduce(y, dst=N - 1, op=op)
                 if r == N - 1:
                     problems += mismatch("reduce " + what, y, want)
     agree(world, problems)
@@ -114,7 +114,7 @@ def test_gather_scatter_alltoall_broadcast(world):
         for n in SIZES[:3] + [1 << 16]:
             mine = (torch.arange(n) * 3 + r).to(dtype)
             out = torch.zeros(n * N, dtype=dtype)
-            g.allgather(out, mine)
+            g.all_gather(out, mine)
             want = torch.cat([(torch.arange(n) * 3 + k).to(dtype) for k in range(N)])
             problems += mismatch(f"allgather {dtype} n={n}", out, want)
 
@@ -126,12 +126,12 @@ def test_gather_scatter_alltoall_broadcast(world):
 
             send = torch.stack([(torch.arange(n) + 100 * r + j) for j in range(N)]).to(dtype)
             recv = torch.zeros_like(send)
-            g.all_to_all(recv, send)
+            g.all_to_all_single(recv, send)
             want = torch.stack([(torch.arange(n) + 100 * j + r) for j in range(N)]).to(dtype)
             problems += mismatch(f"all_to_all {dtype} n={n}", recv.flatten(), want.flatten())
 
             b = torch.full((n,), r, dtype=torch.int64).to(dtype)
-            g.broadcast(b, root=N - 1)
+            g.broadcast(b, src=N - 1)
             problems += mismatch(f"broadcast {dtype} n={n}", b,
                                  torch.full((n,), N - 1, dtype=torch.int64).to(dtype))
     agree(world, problems)
@@ -145,7 +145,7 @@ def test_all_to_all_with_splits(world):
     send = torch.cat([torch.full((s, 4), 10 * r + j, dtype=torch.float32)
                       for j, s in enumerate(send_splits)])
     recv = torch.zeros(sum(recv_splits), 4)
-    g.all_to_all(recv, send, output_splits=recv_splits, input_splits=send_splits)
+    g.all_to_all_single(recv, send, output_split_sizes=recv_splits, input_split_sizes=send_splits)
     want = torch.cat([torch.full((s, 4), 10 * j + r, dtype=torch.float32)
                       for j, s in enumerate(recv_splits)])
     problems = mismatch("all_to_all splits", recv.flatten(), want.flatten())
@@ -153,7 +153,7 @@ def test_all_to_all_with_splits(world):
     # before any communication).
     if N > 1 and 3 % N:
         with pytest.raises(strata.InvalidArgument, match="not divisible by the group size"):
-            g.all_to_all(torch.zeros(3), torch.zeros(3), output_splits=[0] * (N - 1) + [3])
+            g.all_to_all_single(torch.zeros(3), torch.zeros(3), output_split_sizes=[0] * (N - 1) + [3])
     agree(world, problems)
 
 
@@ -162,11 +162,11 @@ def test_numpy_arrays(world):
     problems = []
     for dtype in ["float32", "float64", "float16", "int8", "uint8", "int32", "int64"]:
         x = np.full((3, 5), r, dtype=dtype)
-        g.allreduce(x, op="max")
+        g.all_reduce(x, op="max")
         if not (x == N - 1).all():
             problems.append(f"numpy allreduce {dtype}: {x.ravel()[:3]}")
         out = np.zeros((N, 3), dtype=dtype)
-        g.allgather(out, np.full(3, r, dtype=dtype))
+        g.all_gather(out, np.full(3, r, dtype=dtype))
         if not (out == np.arange(N, dtype=dtype)[:, None]).all():
             problems.append(f"numpy allgather {dtype}")
     agree(world, problems)
@@ -196,7 +196,7 @@ def test_async_on_several_groups():
         for axes in ["tp", "dp", "pp", "dp-cp", "tp-pp", "tp-dp-cp", "world"]:
             t = torch.full((1 << 12,), float(w.rank))
             tensors[axes] = t
-            works.append(w.group(axes).allreduce(t, async_op=True))
+            works.append(w.group(axes).all_reduce(t, async_op=True))
         for work in reversed(works):
             work.wait(timeout=60)
         problems = []
@@ -256,11 +256,11 @@ def _check_group(w, g, name, problems):
         problems.append(f"{name}: size {g.size} != {len(members)}")
         return
     got = torch.zeros(g.size, dtype=torch.int64)
-    g.allgather(got, torch.tensor([w.rank], dtype=torch.int64))
+    g.all_gather(got, torch.tensor([w.rank], dtype=torch.int64))
     if got.tolist() != members:
         problems.append(f"{name}: members {got.tolist()} != {members}")
     x = torch.tensor([1.0 + w.rank], dtype=torch.float64)
-    g.allreduce(x)
+    g.all_reduce(x)
     if x.item() != sum(1.0 + r for r in members):
         problems.append(f"{name}: sum {x.item()}")
 
@@ -293,7 +293,7 @@ def test_tp_dp_is_a_group(world):
         g = w.group("tp-dp")
         members = list(w.mesh.group_of(w.rank, "tp-dp"))
         got = torch.zeros(4, dtype=torch.int64)
-        g.allgather(got, torch.tensor([w.rank], dtype=torch.int64))
+        g.all_gather(got, torch.tensor([w.rank], dtype=torch.int64))
         problems = [] if (g.name, got.tolist()) == ("tp-dp", members) else [
             f"tp-dp: {g.name} {got.tolist()} != {members}"]
     agree(world, problems)
@@ -347,7 +347,7 @@ def test_a_rank_that_never_asks_ends_the_creation_at_its_deadline(world):
         # Then joins the agreement the others abandoned (MPI cannot withdraw
         # a started collective; see world_test.cc); over gloo it times out.
         try:
-            w.group().allreduce(torch.zeros(2, dtype=torch.int64), op="max", timeout=2)
+            w.group().all_reduce(torch.zeros(2, dtype=torch.int64), op="max", timeout=2)
         except strata.CommError:
             pass
     else:
@@ -399,7 +399,7 @@ def test_survivors_of_a_leaving_replica_rebuild_the_world(world):
     if w.rank in (2, 3):
         w.destroy()  # this replica leaves
         try:
-            tp.allreduce(torch.ones(1))
+            tp.all_reduce(torch.ones(1))
             problems.append("a destroyed world's group worked")
         except strata.CommError:
             pass
@@ -422,7 +422,7 @@ def test_survivors_of_a_leaving_replica_rebuild_the_world(world):
         for name in w.group_names()[1:]:
             _check_group(w, w.group(name), name, problems)
         try:
-            dp_pinned.allreduce(torch.ones(1))
+            dp_pinned.all_reduce(torch.ones(1))
             problems.append("a pinned group followed a layout change")
         except strata.CommError as e:
             want = (f"group 'dp' was rank {old_dp_rank} of 4 at world generation 1; at "

@@ -39,7 +39,7 @@ def test_consistent_and_inconsistent_settings():
         # Every rank got the same report.
         mine = np.frombuffer(r["text"].encode().ljust(512, b"\0")[:512], dtype=np.uint8).copy()
         everyone = np.zeros((n, 512), dtype=np.uint8)
-        g.allgather(everyone, mine)
+        g.all_gather(everyone, mine)
         assert all((everyone[i] == everyone[0]).all() for i in range(n))
 
         # Ignored variables may differ.

@@ -39,7 +39,7 @@ def world():
 def agree(world, problems):
     """Fails on every rank if any rank found a problem."""
     flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().allreduce(flag, op="max")
+    world.group().all_reduce(flag, op="max")
     assert not problems, problems[:5]
     assert flag.item() == 0, "failed on another rank (see its report)"
 

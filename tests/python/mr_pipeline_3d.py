@@ -38,7 +38,7 @@ def world():
 
 def agree(world, problems):
     flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().allreduce(flag, op="max")
+    world.group().all_reduce(flag, op="max")
     assert not problems, problems[:5]
     assert flag.item() == 0, "failed on another rank (see its report)"
 
@@ -160,7 +160,7 @@ class Setup:
         xs, ys = torch.tensor_split(x, self.dp.size), torch.tensor_split(y, self.dp.size)
         losses = self.schedule.step(xs[half], ys[half])
         for p in self.parameters():
-            self.dp.allreduce(p.grad, op="avg")
+            self.dp.all_reduce(p.grad, op="avg")
         want = reference_step(self.blocks, self.head, x, y, self.m, self.dp.size)[half]
         return losses, want
 

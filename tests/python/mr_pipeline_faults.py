@@ -37,7 +37,7 @@ def world():
 
 def agree(world, problems):
     flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().allreduce(flag, op="max")
+    world.group().all_reduce(flag, op="max")
     assert not problems, problems[:5]
     assert flag.item() == 0, "failed on another rank (see its report)"
 
@@ -128,7 +128,7 @@ def test_a_rank_that_stalls_past_the_deadline(world):
     # The ranks next to the staller wait for it; one of them hits the
     # deadline first.
     codes = torch.tensor([1 if e is not None and e.code == "DEADLINE_EXCEEDED" else 0])
-    world.group().allreduce(codes)
+    world.group().all_reduce(codes)
     if codes.item() == 0:
         problems.append("no rank reported the deadline")
     agree(world, problems)

@@ -161,7 +161,7 @@ def test_sequence_parallel_equals_non_sequence_parallel(world):
         full_out = out.detach()
         if sp:
             full_out = torch.empty((S, B, H))
-            tp_group.allgather(full_out, out.detach().contiguous())
+            tp_group.all_gather(full_out, out.detach().contiguous())
         results[sp] = (full_out, xs.grad,
                        {n: p.grad.clone() for n, p in block.named_parameters()})
     (y0, g0, p0), (y1, g1, p1) = results[False], results[True]
@@ -188,6 +188,6 @@ def test_data_times_tensor_parallel_gradients(world):
     mlp(mine).pow(2).mean().backward()
     for name, p in mlp.named_parameters():
         g = p.grad.contiguous()
-        dp_group.allreduce(g, op="avg")
+        dp_group.all_reduce(g, op="avg")
         close(g, shard_of(name, dict(ref.named_parameters())[name].grad, tp, r),
               f"dp{dp} x tp{tp} grad {name}")

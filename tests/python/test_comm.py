@@ -41,19 +41,19 @@ def test_world_of_one(world):
 def test_every_operation_on_torch(world, dtype):
     g = world.group()
     x = torch.arange(8).to(dtype)
-    g.allreduce(x, op="max")
-    g.broadcast(x, root=0)
-    g.reduce(x, root=0, op="sum")
+    g.all_reduce(x, op="max")
+    g.broadcast(x, src=0)
+    g.reduce(x, dst=0, op="sum")
     out = torch.zeros(8, dtype=dtype)
-    g.allgather(out, x)
+    g.all_gather(out, x)
     assert torch.equal(out, x)
     rs = torch.zeros(8, dtype=dtype)
     g.reduce_scatter(rs, x, op="min")
     assert torch.equal(rs, x)
     a2a = torch.zeros(8, dtype=dtype)
-    g.all_to_all(a2a, x)
+    g.all_to_all_single(a2a, x)
     assert torch.equal(a2a, x)
-    g.all_to_all(a2a, x, output_splits=[8], input_splits=[8])
+    g.all_to_all_single(a2a, x, output_split_sizes=[8], input_split_sizes=[8])
     g.barrier()
     assert torch.equal(x, torch.arange(8).to(dtype))
 
@@ -63,9 +63,9 @@ def test_every_operation_on_torch(world, dtype):
 def test_every_operation_on_numpy(world, dtype):
     g = world.group("dp")
     x = np.arange(6).astype(dtype).reshape(2, 3)
-    g.allreduce(x, op="sum")
+    g.all_reduce(x, op="sum")
     out = np.zeros_like(x)
-    g.allgather(out, x)
+    g.all_gather(out, x)
     np.testing.assert_array_equal(out, x)
     work = g.recv(out, 0, async_op=True)
     g.send(x * 2, 0)
@@ -91,29 +91,29 @@ def test_async_work_and_deadline(world):
 def test_user_errors_are_named(world):
     g = world.group()
     with pytest.raises(strata.InvalidArgument, match="must be contiguous"):
-        g.allreduce(torch.ones(4, 4).t())
+        g.all_reduce(torch.ones(4, 4).t())
     with pytest.raises(strata.InvalidArgument, match="C-contiguous"):
-        g.allreduce(np.ones((4, 4))[:, ::2])
+        g.all_reduce(np.ones((4, 4))[:, ::2])
     with pytest.raises(strata.InvalidArgument, match="read-only"):
         a = np.ones(4)
         a.flags.writeable = False
-        g.allreduce(a)
+        g.all_reduce(a)
     with pytest.raises(strata.InvalidArgument, match="expected a torch CPU tensor or a numpy"):
-        g.allreduce([1.0, 2.0])
+        g.all_reduce([1.0, 2.0])
     with pytest.raises(strata.InvalidArgument, match="avg is not defined for integer dtype int32"):
-        g.allreduce(torch.ones(4, dtype=torch.int32), op="avg")
+        g.all_reduce(torch.ones(4, dtype=torch.int32), op="avg")
     with pytest.raises(strata.InvalidArgument, match="unknown reduce op 'median'"):
-        g.allreduce(torch.ones(4), op="median")
+        g.all_reduce(torch.ones(4), op="median")
     with pytest.raises(strata.InvalidArgument, match="peer 3 is out of range"):
         g.send(torch.ones(1), 3)
     with pytest.raises(strata.InvalidArgument, match="must hold 1 x 4 = 4 elements"):
-        g.allgather(torch.zeros(5), torch.ones(4))
+        g.all_gather(torch.zeros(5), torch.ones(4))
     with pytest.raises(strata.InvalidArgument, match="requires grad"):
-        g.allreduce(torch.ones(2, requires_grad=True))
+        g.all_reduce(torch.ones(2, requires_grad=True))
     with pytest.raises(strata.InvalidArgument, match="send_counts has 2 entries"):
-        world.group().all_to_all(torch.zeros(3), torch.zeros(3), input_splits=[1, 2])
+        world.group().all_to_all_single(torch.zeros(3), torch.zeros(3), input_split_sizes=[1, 2])
     with pytest.raises(strata.InvalidArgument, match="at least one dimension"):
-        world.group().all_to_all(torch.zeros(()), torch.zeros(()), input_splits=[1])
+        world.group().all_to_all_single(torch.zeros(()), torch.zeros(()), input_split_sizes=[1])
     with pytest.raises(strata.InvalidArgument, match="names axis tp twice"):
         world.group("tp-tp")
     with pytest.raises(strata.InvalidArgument, match="cannot be mixed"):
@@ -137,10 +137,10 @@ def test_worlds_are_rebuilt_and_destroyed():
     for _ in range(3):
         with strata.init() as w:
             x = torch.ones(4)
-            w.group("dp").allreduce(x)
+            w.group("dp").all_reduce(x)
             g = w.group("dp")
         with pytest.raises(strata.CommError, match="destroyed"):
-            g.allreduce(x)
+            g.all_reduce(x)
         w.destroy()  # idempotent
 
 
@@ -164,6 +164,70 @@ def test_abort_revoke_shrink_split(world):
         part.check()
 
 
+# ---- torch.distributed's conventions ------------------------------------------
+
+
+def test_reduce_ops_from_torch_and_strata(world):
+    import torch.distributed as dist
+
+    g = world.group()
+    for op, want in [(dist.ReduceOp.SUM, 5.0), (dist.ReduceOp.MAX, 5.0),
+                     (dist.ReduceOp.AVG, 5.0), (strata.ReduceOp.PRODUCT, 5.0), ("min", 5.0)]:
+        x = torch.full((4,), 5.0)
+        g.all_reduce(x, op=op)
+        assert torch.equal(x, torch.full((4,), want)), op
+    with pytest.raises(strata.InvalidArgument, match=r"ReduceOp.BAND is not supported"):
+        g.all_reduce(torch.ones(2, dtype=torch.int32), op=dist.ReduceOp.BAND)
+    with pytest.raises(strata.InvalidArgument, match="op must be a strata.ReduceOp.*builtins.int"):
+        g.all_reduce(torch.ones(2), op=3)
+    with pytest.raises(strata.InvalidArgument, match="unknown reduce op 'median'"):
+        g.all_reduce(torch.ones(2), op="median")
+
+
+def test_timeouts_take_timedelta_or_seconds_and_expire_as_timeout_error(world):
+    import datetime
+
+    r = torch.zeros(1)
+    # Nothing is sent, so the receive can only end at its deadline; a passed
+    # operation deadline breaks the communicator, so each part has its own.
+    doomed = world.group().split(0, name="doomed")
+    with pytest.raises(strata.TimeoutError, match="recv") as e:
+        doomed.recv(r, src=0, timeout=datetime.timedelta(milliseconds=200))
+    assert e.value.code == "DEADLINE_EXCEEDED"
+    assert isinstance(e.value, TimeoutError) and isinstance(e.value, strata.CommError)
+    g = world.group().split(0, name="waits")
+    # A wait's own timeout leaves the operation in flight.
+    work = g.recv(r, src=0, async_op=True)
+    with pytest.raises(strata.TimeoutError):
+        work.wait(timeout=0.2)
+    g.send(torch.ones(1), dst=0)
+    assert work.wait(timeout=datetime.timedelta(seconds=10))
+    assert r.item() == 1.0
+    with pytest.raises(strata.InvalidArgument, match="timeout must be a datetime.timedelta"):
+        g.barrier(timeout="soon")
+    with pytest.raises(strata.InvalidArgument, match="timeout must be positive"):
+        g.barrier(timeout=datetime.timedelta(0))
+
+
+def test_all_gather_and_reduce_scatter_take_lists_as_torch_does(world):
+    g = world.group()
+    x = torch.arange(6.0).reshape(2, 3)
+    outs = [torch.zeros(2, 3)]
+    g.all_gather(outs, x)
+    assert torch.equal(outs[0], x)
+    out = torch.zeros(2, 3)
+    work = g.reduce_scatter(out, [x], op=strata.ReduceOp.SUM, async_op=True)
+    work.wait()
+    assert torch.equal(out, x)
+    transposed = [torch.zeros(3, 2).t()]  # not contiguous: filled through copy_
+    g.all_gather(transposed, x)
+    assert torch.equal(transposed[0], x)
+    with pytest.raises(strata.InvalidArgument, match="output has 2 tensors, the group world has 1"):
+        g.all_gather([torch.zeros(6), torch.zeros(6)], x)
+    with pytest.raises(strata.InvalidArgument, match=r"output\[0\] has 4 elements, input has 6"):
+        g.all_gather([torch.zeros(4)], x)
+
+
 # ---- first contacts -------------------------------------------------------
 
 
@@ -174,7 +238,7 @@ def test_every_combination_of_axes_is_a_group():
         g = w.group("tp-dp")
         assert (g.name, g.rank, g.size) == ("tp-dp", 0, 1)
         x = torch.ones(3)
-        g.allreduce(x)
+        g.all_reduce(x)
         assert x.tolist() == [1.0, 1.0, 1.0]
         assert w.group("dp-tp").name == "tp-dp"
 
@@ -261,7 +325,7 @@ def test_rebuild_in_one_process():
         # The groups taken before follow.
         for g in (tp, tp_dp, whole, pinned):
             x = torch.ones(2)
-            g.allreduce(x)
+            g.all_reduce(x)
             assert x.tolist() == [1.0, 1.0] and g.size == 1
         assert tp.name == "tp" and whole.name == "world"
         # The root's Group object was taken over.
@@ -280,7 +344,7 @@ def test_rebuild_in_one_process():
             w._rebuild(broken, w.mesh)
         assert w.generation == 3
         with pytest.raises(strata.CommError) as e:
-            tp.allreduce(torch.ones(1))
+            tp.all_reduce(torch.ones(1))
         assert "group 'tp' (last used at world generation 2) cannot follow the world to " \
             "generation 3" in str(e.value), str(e.value)
         assert "its rebuild failed" in str(e.value)
@@ -292,5 +356,5 @@ def test_groups_of_a_destroyed_world_say_so():
     g = w.group("tp")
     w.destroy()
     with pytest.raises(strata.CommError, match="group 'tp': its world was destroyed"):
-        g.allreduce(torch.ones(1))
+        g.all_reduce(torch.ones(1))
     assert "unusable" in repr(g) and "destroyed" in repr(w)

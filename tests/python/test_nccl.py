@@ -66,17 +66,17 @@ def test_cuda_collectives_on_the_current_stream():
         with torch.cuda.stream(stream):
             x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
             ref = x.clone()  # a world of one: the sum is the tensor itself
-            g.allreduce(x)
+            g.all_reduce(x)
             out = torch.empty(world.size * x.numel(), device="cuda")
-            g.allgather(out, x)
+            g.all_gather(out, x)
         stream.synchronize()
         torch.testing.assert_close(x, ref)
         torch.testing.assert_close(out, ref.repeat(world.size))
         for dtype in (torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.float64):
             y = torch.ones(1000, device="cuda", dtype=dtype)
-            g.allreduce(y, op="max")
+            g.all_reduce(y, op="max")
             assert torch.equal(y, torch.ones_like(y))
         with pytest.raises(strata.InvalidArgument, match="works on CUDA tensors"):
-            g.allreduce(torch.ones(4))
-        work = g.allreduce(torch.ones(4, device="cuda"), async_op=True)
+            g.all_reduce(torch.ones(4))
+        work = g.all_reduce(torch.ones(4, device="cuda"), async_op=True)
         assert work.wait(timeout=30)

@@ -22,7 +22,7 @@ RANK = int(os.environ["RANK"])
 
 def agree(world, problems):
     flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().allreduce(flag, op="max")
+    world.group().all_reduce(flag, op="max")
     assert not problems, problems[:5]
     assert flag.item() == 0, "failed on another rank (see its report)"
 
@@ -78,12 +78,12 @@ def test_init_bootstraps_through_torchruns_store_and_collectives_match():
             problems.append(f"transport {g.transport!r}, expected {want!r}")
         for n in (1, 1000, 1 << 18):
             x = torch.arange(n, dtype=torch.float32) + w.rank
-            g.allreduce(x)
+            g.all_reduce(x)
             want = torch.arange(n, dtype=torch.float32) * N + N * (N - 1) / 2
             if not torch.equal(x, want):
                 problems.append(f"allreduce of {n}: {x[:4]} != {want[:4]}")
         parts = torch.empty(N * 3, dtype=torch.int64)
-        g.allgather(parts, torch.full((3,), w.rank, dtype=torch.int64))
+        g.all_gather(parts, torch.full((3,), w.rank, dtype=torch.int64))
         if not torch.equal(parts, torch.arange(N).repeat_interleave(3)):
             problems.append(f"allgather: {parts}")
         agree(w, problems)
@@ -123,7 +123,7 @@ def test_torch_gloo_and_strata_gloo_in_one_process():
                 n = 1000 * (step + 1) + 7
                 a = torch.arange(n, dtype=torch.float32) * (w.rank + 1)
                 b = a.clone()
-                g.allreduce(a)
+                g.all_reduce(a)
                 dist.all_reduce(b)
                 want = torch.arange(n, dtype=torch.float32) * (N * (N + 1) / 2)
                 if not torch.equal(a, want):
@@ -143,5 +143,5 @@ def test_a_second_world_bootstraps_again_in_the_same_process():
     for _ in range(2):
         with strata.init(strata.Mesh(N, tp=2) if N % 2 == 0 else None, timeout=120) as w:
             x = torch.ones(16)
-            w.group().allreduce(x)
+            w.group().all_reduce(x)
             agree(w, [] if torch.all(x == N) else [f"{x[:2]}"])

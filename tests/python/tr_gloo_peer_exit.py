@@ -27,7 +27,7 @@ def test_a_rank_that_exits_fails_the_survivors_collective_within_seconds():
     world = strata.init(backend="gloo", timeout=120)
     g = world.group()
     x = torch.ones(1 << 16)
-    g.allreduce(x)  # everyone is here and connected
+    g.all_reduce(x)  # everyone is here and connected
     assert x[0].item() == g.size
     if RANK == 1:
         os._exit(0)
@@ -37,7 +37,7 @@ def test_a_rank_that_exits_fails_the_survivors_collective_within_seconds():
             g.recv(x, 1)  # rank 1 never sends
         else:
             for _ in range(100):  # one of the first fails; a loop in case one got through
-                g.allreduce(x)
+                g.all_reduce(x)
     elapsed = time.monotonic() - start
     print(f"rank {RANK}: the {'receive' if RANK == 0 else 'collective'} failed after {elapsed:.2f} s: {err.value}")
     # Far below the 120 s timeout: the survivors notice the exit itself.
