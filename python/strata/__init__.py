@@ -8,6 +8,7 @@ in-process recovery from failed ranks. See README.md and docs/.
 from . import errors
 from ._strata import LaunchEnv, Mesh, available_backends, launch_env
 from ._strata import build_info as _build_info
+from .axes import Axis
 from .comm import Group, ReduceOp, Work, World, init
 from .errors import (
     CheckpointError,
@@ -66,6 +67,7 @@ __all__ = [
     "TimeoutError",
     "Aborted",
     "ReduceOp",
+    "Axis",
     "CheckpointError",
     "PipelineError",
     "TopologyError",

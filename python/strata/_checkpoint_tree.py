@@ -20,6 +20,7 @@ import time
 import torch
 
 from . import _strata
+from .axes import Axis
 from .errors import CheckpointError
 
 # strata::DataType values.
@@ -468,7 +469,8 @@ class Placement:
                         f"{type(world).__module__}.{type(world).__qualname__}")
         self.rank, self.size = world.rank, world.size
         self.group = world.group("world")
-        self.split_group, self.whole_group = world.group("dp-cp"), world.group("tp-dp-cp")
+        self.split_group = world.group((Axis.DP, Axis.CP))
+        self.whole_group = world.group((Axis.TP, Axis.DP, Axis.CP))
         self.split_replica = (self.split_group.rank, self.split_group.size)
         self.whole_replica = (self.whole_group.rank, self.whole_group.size)
 

@@ -8,14 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from . import _tp_comm as C
+from . import _tp_layers as nn
 from .errors import InvalidArgument
 
 __all__ = ["ParallelMLP", "ParallelSelfAttention", "ParallelTransformerBlock", "ParallelGPT"]
-
-
-def _nn():
-    from . import nn  # strata.nn imports this module at its end
-    return nn
 
 
 def _layer_norm(ln, x, group, sequence_parallel):
@@ -37,7 +33,6 @@ class ParallelMLP(torch.nn.Module):
     def __init__(self, hidden_size, ffn_hidden_size, *, group, bias=True, sequence_parallel=False,
                  activation=F.gelu, dtype=None, device=None):
         super().__init__()
-        nn = _nn()
         self.fc1 = nn.ColumnParallelLinear(hidden_size, ffn_hidden_size, group=group, bias=bias,
                                            sequence_parallel=sequence_parallel, dtype=dtype,
                                            device=device)
@@ -63,7 +58,6 @@ class ParallelSelfAttention(torch.nn.Module):
     def __init__(self, hidden_size, num_heads, *, group, bias=True, sequence_parallel=False,
                  causal=True, dtype=None, device=None):
         super().__init__()
-        nn = _nn()
         group = nn.tp_group(group)
         n = C.size_of(group)
         if hidden_size % num_heads:
@@ -99,7 +93,6 @@ class ParallelTransformerBlock(torch.nn.Module):
     def __init__(self, hidden_size, num_heads, ffn_hidden_size=None, *, group,
                  sequence_parallel=False, dtype=None, device=None):
         super().__init__()
-        nn = _nn()
         self.group = nn.tp_group(group)
         self.sequence_parallel = sequence_parallel
         ffn_hidden_size = ffn_hidden_size or 4 * hidden_size
@@ -126,7 +119,6 @@ class ParallelGPT(torch.nn.Module):
     def __init__(self, vocab_size, hidden_size, num_heads, num_layers, max_seq_len, *, group,
                  sequence_parallel=False, ffn_hidden_size=None, dtype=None, device=None):
         super().__init__()
-        nn = _nn()
         self.group = nn.tp_group(group)
         self.sequence_parallel = sequence_parallel
         self.embed = nn.VocabParallelEmbedding(vocab_size, hidden_size, group=self.group,
@@ -158,7 +150,7 @@ class ParallelGPT(torch.nn.Module):
 
     def loss(self, ids, targets, ignore_index=-100):
         logits = self(ids)
-        per_token = _nn().vocab_parallel_cross_entropy(logits, targets, group=self.group,
+        per_token = nn.vocab_parallel_cross_entropy(logits, targets, group=self.group,
                                                        ignore_index=ignore_index)
         valid = (targets != ignore_index).sum().clamp(min=1)
         return per_token.sum() / valid

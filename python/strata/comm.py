@@ -47,6 +47,7 @@ import os
 import weakref
 
 from . import _strata
+from .axes import group_name
 from .errors import InvalidArgument, MeshError
 
 __all__ = ["init", "World", "Group", "Work", "ReduceOp"]
@@ -453,8 +454,8 @@ class World:
         "left), whether it succeeded or not.")
 
     def group(self, axes="world"):
-        """This rank's group of ``axes``, any combination of the mesh's axes
-        in any order: dense 'tp', 'dp', 'cp', 'pp' ('dp-cp', 'tp-dp', ...),
+        """This rank's group of ``axes`` (a name, a :class:`strata.Axis` or a
+        sequence of them), any combination of the mesh's axes in any order: dense 'tp', 'dp', 'cp', 'pp' ('dp-cp', 'tp-dp', ...),
         expert 'etp', 'ep', 'edp' with 'pp' ('etp-ep', ...), or 'world'.
 
         The standard groups (tp, cp, dp, pp, dp-cp, tp-pp, tp-dp-cp, ep, etp,
@@ -467,10 +468,11 @@ class World:
         creation timeout (``strata.init(group_timeout=)``).
 
         The group follows rebuilds of the world (see :attr:`generation`)."""
-        g = self._groups.get(axes)
+        name = group_name(axes)
+        g = self._groups.get(name)
         if g is None:
-            g = Group(self._raw.group(axes), self)
-            self._groups[axes] = g
+            g = Group(self._raw.group(name), self)
+            self._groups[name] = g
         return g
 
     def group_names(self):

@@ -44,6 +44,7 @@ import weakref
 import torch
 
 from ._strata import pipeline as _core
+from .axes import Axis
 from .errors import InvalidArgument, PipelineError
 
 __all__ = ["PipelineStage", "ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B",
@@ -78,7 +79,7 @@ class PipelineStage:
     accepted in place of the world).
     """
 
-    def __init__(self, module, stage_index, world, *, num_stages=None, group="pp"):
+    def __init__(self, module, stage_index, world, *, num_stages=None, group=Axis.PP):
         if not callable(module):
             raise InvalidArgument(f"module must be a torch.nn.Module (or callable), got "
                                   f"{type(module).__name__}")

@@ -299,7 +299,7 @@ def test_every_public_submodule_is_reached_lazily():
     assert set(SUBMODULES) <= set(found)
     _fresh("import strata, sys\n"
            f"for n in {found!r}:\n"
-           "    assert f'strata.{n}' not in sys.modules or n in ('comm', 'errors'), n\n"
+           "    assert f'strata.{n}' not in sys.modules or n in ('comm', 'errors', 'axes'), n\n"
            "    assert getattr(strata, n).__name__ == f'strata.{n}'\n"
            "assert callable(strata.checkpoint.save)\n"
            "assert set(dir(strata)) >= set(" + repr(found) + ")\n")
@@ -358,3 +358,16 @@ def test_groups_of_a_destroyed_world_say_so():
     with pytest.raises(strata.CommError, match="group 'tp': its world was destroyed"):
         g.all_reduce(torch.ones(1))
     assert "unusable" in repr(g) and "destroyed" in repr(w)
+
+
+def test_axes_are_one_constant_set(world):
+    assert strata.Axis.TP == "tp" and f"{strata.Axis.DP}" == "dp" and str(strata.Axis.PP) == "pp"
+    assert world.group(strata.Axis.PP).name == "pp"
+    assert world.group((strata.Axis.TP, strata.Axis.DP)).name == "tp-dp"
+    assert world.group([strata.Axis.CP, "dp"]).name == "dp-cp"
+    with pytest.raises(AttributeError):
+        strata.Axis.TPP  # a typo fails where it is written
+    with pytest.raises(strata.InvalidArgument, match="axes must be a group name"):
+        world.group(3)
+    with pytest.raises(strata.InvalidArgument, match="'tpp'"):
+        world.group("tpp")
