@@ -8,10 +8,10 @@ namespace strata::bindings {
 
 namespace {
 
-// What happened decides first, the area second (python/strata/errors.py):
-// a failed peer, a passed deadline, an aborted communicator and misuse are
-// the same error wherever they surface.
-const char* ExceptionName(const absl::Status& status, ErrorArea area) {
+// The exception for what happened, wherever it surfaced
+// (python/strata/errors.py): a failed peer, a passed deadline, an aborted
+// communicator, misuse of a communicator. Null when the area decides.
+const char* KindName(const absl::Status& status, ErrorArea area) {
   // Payload set by the communication layer when a peer rank has failed.
   if (status.GetPayload("strata/rank-failure").has_value()) return "RankFailure";
   switch (status.code()) {
@@ -24,10 +24,14 @@ const char* ExceptionName(const absl::Status& status, ErrorArea area) {
       // failure; the other areas name their own misuse (CheckpointError,
       // LaunchError, ... with code INVALID_ARGUMENT).
       if (area == ErrorArea::kComm || area == ErrorArea::kGeneric) return "InvalidArgument";
-      break;
+      return nullptr;
     default:
-      break;
+      return nullptr;
   }
+}
+
+// The exception of the area the error surfaced in; null for none.
+const char* AreaName(ErrorArea area) {
   switch (area) {
     case ErrorArea::kLaunch:
       return "LaunchError";
@@ -44,14 +48,26 @@ const char* ExceptionName(const absl::Status& status, ErrorArea area) {
     case ErrorArea::kGeneric:
       break;
   }
-  return status.code() == absl::StatusCode::kInvalidArgument ? "InvalidArgument" : "Error";
+  return nullptr;
 }
 
 }  // namespace
 
 void RaiseStatus(const absl::Status& status, ErrorArea area) {
   pybind11::object errors = pybind11::module_::import("strata.errors");
-  pybind11::object type = errors.attr(ExceptionName(status, area));
+  const char* kind = KindName(status, area);
+  const char* where = AreaName(area);
+  pybind11::object type;
+  if (kind != nullptr && where != nullptr) {
+    // Both: a timed-out checkpoint agreement is a strata.TimeoutError that
+    // `except strata.CheckpointError` also catches.
+    type = errors.attr("_error_class")(errors.attr(kind), errors.attr(where));
+  } else if (kind != nullptr || where != nullptr) {
+    type = errors.attr(kind != nullptr ? kind : where);
+  } else {
+    type = errors.attr(status.code() == absl::StatusCode::kInvalidArgument ? "InvalidArgument"
+                                                                           : "Error");
+  }
   std::string message(status.message());
   pybind11::object exc = type(message);
   exc.attr("code") = std::string(absl::StatusCodeToString(status.code()));

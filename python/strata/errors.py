@@ -5,11 +5,14 @@ Every error strata raises is a :class:`strata.Error`. The C++ core reports
 into these classes, and sets ``code`` to the canonical status code name
 (``"INVALID_ARGUMENT"``, ``"DEADLINE_EXCEEDED"``, ...).
 
-The class is chosen by what happened first, then by where: a peer rank that
-failed is a :class:`RankFailure`, a deadline that passed a
-:class:`TimeoutError` (a collective, a group's creation, a checkpoint's
-agreement alike), a revoked or aborted communicator an :class:`Aborted`,
-misuse an :class:`InvalidArgument`; anything else is the error of its area
+The class is chosen by what happened first: a peer rank that failed is a
+:class:`RankFailure`, a deadline that passed a :class:`TimeoutError` (a
+collective, a group's creation, a checkpoint's agreement alike), a revoked
+or aborted communicator an :class:`Aborted`, misuse of a communicator an
+:class:`InvalidArgument`. Where such an error surfaces in an area with its
+own class, it is an instance of both: a checkpoint agreement that timed
+out is a ``strata.TimeoutError`` that ``except strata.CheckpointError``
+also catches. Anything else is the error of its area
 (:class:`CheckpointError`, :class:`PipelineError`, ...).
 """
 
@@ -72,6 +75,25 @@ class PipelineError(Error, RuntimeError):
 
 class TopologyError(Error, RuntimeError):
     """The machine's topology could not be read or parsed."""
+
+
+_COMBINED = {}
+
+
+def _error_class(kind, area):
+    """The class the status mapper raises for an error of ``kind`` (chosen by
+    what happened) surfacing in ``area``: a subclass of both, made once."""
+    if issubclass(kind, area):
+        return kind
+    cls = _COMBINED.get((kind, area))
+    if cls is None:
+        cls = type(kind.__name__, (kind, area), {
+            "__module__": __name__,
+            "__doc__": f"A {kind.__name__} in the area of {area.__name__}: an instance of both.",
+            "code": kind.code,
+        })
+        _COMBINED[(kind, area)] = cls
+    return cls
 
 
 __all__ = [

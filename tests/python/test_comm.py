@@ -371,3 +371,16 @@ def test_axes_are_one_constant_set(world):
         world.group(3)
     with pytest.raises(strata.InvalidArgument, match="'tpp'"):
         world.group("tpp")
+
+
+def test_errors_are_chosen_by_what_happened_and_keep_their_area():
+    from strata.errors import _error_class
+
+    cls = _error_class(strata.TimeoutError, strata.CheckpointError)
+    e = cls("checkpoint agreement (write): allreduce ... did not complete")
+    assert isinstance(e, strata.TimeoutError) and isinstance(e, TimeoutError)
+    assert isinstance(e, strata.CheckpointError) and isinstance(e, strata.CommError)
+    assert e.code == "DEADLINE_EXCEEDED"
+    assert _error_class(strata.TimeoutError, strata.CheckpointError) is cls
+    assert _error_class(strata.Aborted, strata.CommError) is strata.Aborted
+    assert isinstance(_error_class(strata.Aborted, strata.PipelineError)("x"), strata.PipelineError)
