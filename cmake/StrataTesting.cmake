@@ -44,10 +44,13 @@ function(strata_add_gtest name)
   strata_discover_gtests(${name} TIMEOUT ${A_TIMEOUT} LABELS ${A_LABELS})
 endfunction()
 
-# strata_add_multirank_test(<name> NP <n> [TIMEOUT s] [FT] COMMAND cmd args...)
+# strata_add_multirank_test(<name> NP <n> [TIMEOUT s] [FT] [LAUNCHER_DEFAULTS] COMMAND cmd args...)
 # Runs `cmd` on n ranks with mpirun; FT enables ULFM fault tolerance.
+# LAUNCHER_DEFAULTS runs plain `mpirun --oversubscribe -np n` (what users
+# type; --allow-run-as-root as root) instead of the suite's binding and
+# yield settings, and labels the test "launcher-defaults".
 function(strata_add_multirank_test name)
-  cmake_parse_arguments(A "FT" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  cmake_parse_arguments(A "FT;LAUNCHER_DEFAULTS" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 180)
   endif()
@@ -55,9 +58,14 @@ function(strata_add_multirank_test name)
   if(A_FT)
     set(_ft "--ft")
   endif()
+  set(_defaults "")
+  if(A_LAUNCHER_DEFAULTS)
+    set(_defaults "--launcher-defaults")
+    list(APPEND A_LABELS launcher-defaults)
+  endif()
   add_test(NAME ${name}
            COMMAND ${STRATA_MULTIRANK} --mpirun ${STRATA_MPIEXEC} --np ${A_NP}
-                   --timeout ${A_TIMEOUT} ${_ft} -- ${A_COMMAND})
+                   --timeout ${A_TIMEOUT} ${_ft} ${_defaults} -- ${A_COMMAND})
   # CTest's own limit is a backstop above the runner's.
   math(EXPR _backstop "${A_TIMEOUT} + 30")
   # One multi-rank job at a time: two oversubscribed jobs on a small machine
@@ -67,17 +75,24 @@ function(strata_add_multirank_test name)
                        RESOURCE_LOCK mpirun)
 endfunction()
 
-# strata_add_torchrun_test(<name> NP <n> [TIMEOUT s] COMMAND torchrun-program-args...)
+# strata_add_torchrun_test(<name> NP <n> [TIMEOUT s] [LAUNCHER_DEFAULTS] COMMAND torchrun-program-args...)
 # Runs under `torchrun --standalone --nproc-per-node n` (tests/tools/run_torchrun.sh),
 # on the Gloo backend: e.g. COMMAND --no-python $<TARGET_FILE:t>, or -m pytest ...
+# LAUNCHER_DEFAULTS adds nothing to the environment (no OMP_NUM_THREADS) and
+# labels the test "launcher-defaults".
 function(strata_add_torchrun_test name)
-  cmake_parse_arguments(A "" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  cmake_parse_arguments(A "LAUNCHER_DEFAULTS" "NP;TIMEOUT" "COMMAND;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 180)
   endif()
+  set(_defaults "")
+  if(A_LAUNCHER_DEFAULTS)
+    set(_defaults "--launcher-defaults")
+    list(APPEND A_LABELS launcher-defaults)
+  endif()
   add_test(NAME ${name}
            COMMAND ${STRATA_TORCHRUN} --python ${Python3_EXECUTABLE} --np ${A_NP}
-                   --timeout ${A_TIMEOUT} -- ${A_COMMAND}
+                   --timeout ${A_TIMEOUT} ${_defaults} -- ${A_COMMAND}
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   math(EXPR _backstop "${A_TIMEOUT} + 30")
   set_tests_properties(${name} PROPERTIES TIMEOUT ${_backstop} LABELS "multirank;torchrun;${A_LABELS}"
@@ -85,10 +100,11 @@ function(strata_add_torchrun_test name)
                        ENVIRONMENT "PYTHONPATH=${STRATA_TEST_PYTHONPATH}")
 endfunction()
 
-# strata_add_pytest(<name> FILES f.py... [NP n] [TIMEOUT s])
-# pytest in one process, or under mpirun on n ranks when NP is given.
+# strata_add_pytest(<name> FILES f.py... [NP n] [TIMEOUT s] [FT] [LAUNCHER_DEFAULTS])
+# pytest in one process, or under mpirun on n ranks when NP is given
+# (LAUNCHER_DEFAULTS: plain mpirun, see strata_add_multirank_test).
 function(strata_add_pytest name)
-  cmake_parse_arguments(A "FT" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "FT;LAUNCHER_DEFAULTS" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
@@ -98,7 +114,11 @@ function(strata_add_pytest name)
     if(A_FT)
       set(_ft FT)
     endif()
-    strata_add_multirank_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT} ${_ft}
+    set(_defaults "")
+    if(A_LAUNCHER_DEFAULTS)
+      set(_defaults LAUNCHER_DEFAULTS)
+    endif()
+    strata_add_multirank_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT} ${_ft} ${_defaults}
                               COMMAND ${_pytest} LABELS "python;${A_LABELS}")
   else()
     add_test(NAME ${name} COMMAND ${_pytest} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
@@ -107,15 +127,19 @@ function(strata_add_pytest name)
   endif()
 endfunction()
 
-# strata_add_torchrun_pytest(<name> FILES f.py... NP n [TIMEOUT s])
+# strata_add_torchrun_pytest(<name> FILES f.py... NP n [TIMEOUT s] [LAUNCHER_DEFAULTS])
 # pytest on n processes under torchrun; strata.init bootstraps through
 # torchrun's TCPStore.
 function(strata_add_torchrun_pytest name)
-  cmake_parse_arguments(A "" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "LAUNCHER_DEFAULTS" "NP;TIMEOUT" "FILES;ARGS;LABELS" ${ARGN})
   if(NOT STRATA_CAN_TORCHRUN)
     return()
   endif()
-  strata_add_torchrun_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT}
+  set(_defaults "")
+  if(A_LAUNCHER_DEFAULTS)
+    set(_defaults LAUNCHER_DEFAULTS)
+  endif()
+  strata_add_torchrun_test(${name} NP ${A_NP} TIMEOUT ${A_TIMEOUT} ${_defaults}
                            COMMAND -m pytest -q -p no:cacheprovider -x ${A_ARGS} ${A_FILES}
                            LABELS "python;${A_LABELS}")
 endfunction()

@@ -1,6 +1,8 @@
 #include "strata/comm/launch_env.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -56,8 +58,12 @@ class VarReader {
   std::vector<std::string> used_;
 };
 
-// Checks the ranges every launcher must satisfy; `names` say which variables
-// gave rank/world/local rank/local world, for the message.
+// Checks the ranges every launcher guarantees, and nothing more: a local
+// rank is unique on its node and below the local world size, but no launcher
+// promises an order between local and global ranks (Open MPI 5 numbers the
+// ranks of a node by the objects it maps them to, so under plain
+// `mpirun -np 4` rank 1 can be local rank 2; torchrun's docs warn against
+// assuming any correlation between RANK and LOCAL_RANK).
 absl::Status Validate(const LaunchEnv& env, const VarReader& vars) {
   auto fail = [&](std::string what) {
     return absl::InvalidArgumentError(absl::StrCat("inconsistent ", LauncherName(env.launcher),
@@ -72,8 +78,6 @@ absl::Status Validate(const LaunchEnv& env, const VarReader& vars) {
   if (env.local_rank < 0 || env.local_rank >= env.local_world_size)
     return fail(absl::StrCat("local rank ", env.local_rank, " is not in [0, local world size ",
                              env.local_world_size, ")"));
-  if (env.local_rank > env.rank)
-    return fail(absl::StrCat("local rank ", env.local_rank, " > rank ", env.rank));
   if (env.num_nodes < 1 || env.node_index < 0 || env.node_index >= env.num_nodes)
     return fail(
         absl::StrCat("node index ", env.node_index, " is not in [0, nodes ", env.num_nodes, ")"));
@@ -82,8 +86,20 @@ absl::Status Validate(const LaunchEnv& env, const VarReader& vars) {
   return absl::OkStatus();
 }
 
+// For launchers that give no node index (mpirun; torch-style variables
+// without GROUP_RANK). When this node holds every rank, node 0 of 1 is exact.
+// Otherwise the index assumes the ranks fill the nodes in blocks of
+// local_world_size consecutive ranks (mpirun's default by-slot placement on
+// equal nodes): rank / local_world_size. It does not use the local rank,
+// whose order within a node is the launcher's own.
 void DeriveNodes(LaunchEnv& env) {
-  env.node_index = (env.rank - env.local_rank) / env.local_world_size;
+  if (env.local_world_size == env.world_size) {
+    env.node_index = 0;
+    env.num_nodes = 1;
+    env.node_index_exact = true;
+    return;
+  }
+  env.node_index = env.rank / env.local_world_size;
   env.num_nodes = (env.world_size + env.local_world_size - 1) / env.local_world_size;
   env.node_index_exact = false;
 }
@@ -112,7 +128,7 @@ Claim ReadMpirun(const LaunchEnv::EnvLookup& getenv) {
   STRATA_ASSIGN_OR_RETURN(env.local_rank, vars.RequiredInt("OMPI_COMM_WORLD_LOCAL_RANK", "mpirun"));
   STRATA_ASSIGN_OR_RETURN(env.local_world_size,
                           vars.RequiredInt("OMPI_COMM_WORLD_LOCAL_SIZE", "mpirun"));
-  if (env.local_world_size >= 1) DeriveNodes(env);
+  if (env.local_world_size >= 1 && env.world_size >= 1) DeriveNodes(env);
   env.source = vars.Used();
   STRATA_RETURN_IF_ERROR(Validate(env, vars));
   return std::optional<LaunchEnv>(env);
@@ -139,7 +155,10 @@ Claim ReadTorchrun(const LaunchEnv::EnvLookup& getenv) {
   STRATA_ASSIGN_OR_RETURN(std::optional<int> group_rank, vars.Int("GROUP_RANK", false, "torchrun"));
   STRATA_ASSIGN_OR_RETURN(std::optional<int> group_world,
                           vars.Int("GROUP_WORLD_SIZE", false, "torchrun"));
-  if (env.local_world_size >= 1) DeriveNodes(env);
+  if (env.local_world_size >= 1 && env.world_size >= 1) DeriveNodes(env);
+  if (!local_rank) env.node_index_exact = false;  // an assumption, not the launcher's word
+  // torchrun's GROUP_RANK is the rank of this node's agent (one worker group
+  // per node), GROUP_WORLD_SIZE the number of agents: exact.
   if (group_rank && group_world) {
     env.node_index = *group_rank;
     env.num_nodes = *group_world;
@@ -166,12 +185,22 @@ Claim ReadSlurm(const LaunchEnv::EnvLookup& getenv) {
   if (!vars.Has("SLURM_PROCID")) return std::optional<LaunchEnv>();
   LaunchEnv env;
   env.launcher = Launcher::kSlurm;
+  // srun describes the job step (the processes it started) with SLURM_STEP_*
+  // and, unless --preserve-env, also with SLURM_NTASKS / SLURM_NNODES; the
+  // step's own variables win. SLURM_NODEID and SLURM_LOCALID are relative
+  // to the step, as is SLURM_STEP_TASKS_PER_NODE.
+  auto first_set = [&vars](std::initializer_list<const char*> names) {
+    for (const char* name : names) {
+      if (vars.Has(name)) return name;
+    }
+    return *names.begin();
+  };
   STRATA_ASSIGN_OR_RETURN(env.rank, vars.RequiredInt("SLURM_PROCID", "slurm"));
-  const char* ntasks = vars.Has("SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS";
+  const char* ntasks = first_set({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"});
   STRATA_ASSIGN_OR_RETURN(env.world_size, vars.RequiredInt(ntasks, "slurm"));
   STRATA_ASSIGN_OR_RETURN(env.local_rank, vars.RequiredInt("SLURM_LOCALID", "slurm"));
   STRATA_ASSIGN_OR_RETURN(env.node_index, vars.RequiredInt("SLURM_NODEID", "slurm"));
-  const char* nnodes = vars.Has("SLURM_NNODES") ? "SLURM_NNODES" : "SLURM_JOB_NUM_NODES";
+  const char* nnodes = first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
   STRATA_ASSIGN_OR_RETURN(std::optional<int> num_nodes, vars.Int(nnodes, false, "slurm"));
   env.num_nodes = num_nodes.value_or(env.node_index + 1);
   const char* per_node =
@@ -181,7 +210,10 @@ Claim ReadSlurm(const LaunchEnv::EnvLookup& getenv) {
     if (!local.ok()) return internal::Annotate(local.status(), per_node);
     env.local_world_size = *local;
   } else {
-    env.local_world_size = env.world_size / env.num_nodes;
+    // Without the step's layout: an even spread, rounded up, and at least
+    // enough for this task's local id.
+    env.local_world_size = std::max(
+        env.local_rank + 1, (env.world_size + env.num_nodes - 1) / std::max(env.num_nodes, 1));
   }
   if (std::optional<std::string> addr = vars.Get("MASTER_ADDR")) {
     env.master_addr = *addr;
@@ -327,6 +359,12 @@ absl::StatusOr<std::string> FirstHostOfSlurmNodeList(absl::string_view nodelist)
 }
 
 absl::StatusOr<int> SlurmTasksOnNode(absl::string_view tasks_per_node, int node_index) {
+  if (node_index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", node_index,
+                                                   " is not a node of the Slurm tasks-per-node "
+                                                   "list '",
+                                                   tasks_per_node, "'"));
+  }
   // Comma-separated "count" or "count(xrepeat)" entries.
   int node = 0;
   for (absl::string_view part : absl::StrSplit(tasks_per_node, ',')) {

@@ -45,6 +45,17 @@ def test_each_launcher():
     assert (e.launcher, e.rank, e.world_size) == ("none", 0, 1)
 
 
+def test_local_ranks_in_the_order_open_mpi_5_gives_them():
+    # Plain `mpirun -np 4` (binding, no --bind-to none): ranks 0..3 are local
+    # ranks 0, 2, 1, 3 on one node.
+    for rank, local in enumerate([0, 2, 1, 3]):
+        e = strata.launch_env({"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "4",
+                               "OMPI_COMM_WORLD_LOCAL_RANK": str(local),
+                               "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+        assert (e.rank, e.local_rank, e.node_index, e.num_nodes, e.node_index_exact) == (
+            rank, local, 0, 1, True)
+
+
 @pytest.mark.parametrize(
     "env,message",
     [

@@ -2,21 +2,26 @@
 # Runs a command on N ranks under mpirun with a hard time limit, so a hang
 # fails with a message instead of stalling CI.
 #
-#   run_multirank.sh [--mpirun PATH] --np N [--timeout S] [--ft] -- cmd args...
+#   run_multirank.sh [--mpirun PATH] --np N [--timeout S] [--ft] [--launcher-defaults] -- cmd args...
 #
 # --ft enables ULFM fault tolerance (mpirun --with-ft ulfm), needed by tests
 # that kill ranks and expect the survivors to carry on.
+# --launcher-defaults runs what a user types: `mpirun --oversubscribe -np N`
+# (plus --allow-run-as-root when run as root, which mpirun requires), with
+# mpirun's default binding and MCA settings, none of the flags below.
 set -u
 mpirun=${STRATA_MPIRUN:-mpirun}
 np=2
 limit=180
 ft=()
+defaults=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpirun) mpirun=$2; shift 2 ;;
     --np) np=$2; shift 2 ;;
     --timeout) limit=$2; shift 2 ;;
     --ft) ft=(--with-ft ulfm); shift ;;
+    --launcher-defaults) defaults=1; shift ;;
     --) shift; break ;;
     *) echo "run_multirank.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -24,17 +29,25 @@ done
 [ $# -gt 0 ] || { echo "run_multirank.sh: no command given" >&2; exit 2; }
 
 export STRATA_TEST_NP=$np
-# --bind-to none: ranks outnumber cores here; binding would pile them up.
-# Idle ranks must give their core away instead of spinning: MPI yields in
-# its progress loop (mpi_yield_when_idle, on by default only when mpirun
-# sees more ranks than slots) and yields by sleeping (nanosleep) rather
-# than with sched_yield, which hands the core straight back on a busy
-# machine. See docs/mpi.md.
-timeout --kill-after=15 "$limit" "$mpirun" --allow-run-as-root --oversubscribe --bind-to none \
-  --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep \
-  "${ft[@]}" -np "$np" "$@"
+if [ "$defaults" = 1 ]; then
+  root=()
+  [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+  flags=("${root[@]}" --oversubscribe)
+  how="plain mpirun (${flags[*]})"
+else
+  # --bind-to none: ranks outnumber cores here; binding would pile them up.
+  # Idle ranks must give their core away instead of spinning: MPI yields in
+  # its progress loop (mpi_yield_when_idle, on by default only when mpirun
+  # sees more ranks than slots) and yields by sleeping (nanosleep) rather
+  # than with sched_yield, which hands the core straight back on a busy
+  # machine. See docs/mpi.md.
+  flags=(--allow-run-as-root --oversubscribe --bind-to none
+         --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep)
+  how="mpirun"
+fi
+timeout --kill-after=15 "$limit" "$mpirun" "${flags[@]}" "${ft[@]}" -np "$np" "$@"
 rc=$?
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-  echo "FAILED: $np-rank run of '$*' did not finish within ${limit}s (a hang or deadlock); it was killed" >&2
+  echo "FAILED: $np-rank $how run of '$*' did not finish within ${limit}s (a hang or deadlock); it was killed" >&2
 fi
 exit $rc

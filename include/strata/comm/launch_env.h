@@ -42,12 +42,19 @@ struct STRATA_EXPORT LaunchEnv {
   Launcher launcher = Launcher::kNone;
   int rank = 0;
   int world_size = 1;
+  // This process's index among the ranks of its node, in
+  // [0, local_world_size), unique on the node. Launchers promise no order
+  // between local and global ranks: under Open MPI 5, rank 1 may be local
+  // rank 2 (it numbers a node's ranks by the objects it maps them to).
   int local_rank = 0;
   int local_world_size = 1;
-  // Index of this process's node in [0, num_nodes). Under mpirun the
-  // environment gives no node index; it is derived from the block mapping
-  // (rank - local_rank) / local_world_size, which holds for mpirun's default
-  // by-slot mapping with equal ranks per node (node_index_exact is false).
+  // Index of this process's node in [0, num_nodes). torchrun (GROUP_RANK,
+  // GROUP_WORLD_SIZE) and Slurm (SLURM_NODEID, SLURM_STEP_NUM_NODES) give it.
+  // mpirun does not: when the node holds every rank it is node 0 of 1
+  // (exact); otherwise it is rank / local_world_size, which assumes the ranks
+  // fill the nodes in blocks of equal size (mpirun's default by-slot
+  // placement), and node_index_exact is false. Nothing in strata relies on
+  // an inexact value.
   int node_index = 0;
   int num_nodes = 1;
   bool node_index_exact = true;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "strata/comm/launch_env.h"
 
 namespace strata::comm_internal {
 namespace {
@@ -90,27 +91,6 @@ std::string HostShare::Describe() const {
   return absl::StrCat(ranks, ", ", cores, " cores (", cores_from, "): ", verdict);
 }
 
-int SlurmTasksOnNode(absl::string_view spec, int node_id) {
-  if (node_id < 0) return 0;
-  int first = 0;  // the first node of the current entry
-  for (absl::string_view entry : absl::StrSplit(spec, ',')) {
-    int tasks = 0, repeat = 1;
-    absl::string_view count = entry;
-    const size_t open = entry.find("(x");
-    if (open != absl::string_view::npos) {
-      count = entry.substr(0, open);
-      absl::string_view times = entry.substr(open + 2);
-      if (!absl::ConsumeSuffix(&times, ")") || !absl::SimpleAtoi(times, &repeat) || repeat <= 0) {
-        return 0;
-      }
-    }
-    if (!absl::SimpleAtoi(count, &tasks) || tasks <= 0) return 0;
-    if (node_id < first + repeat) return tasks;
-    first += repeat;
-  }
-  return 0;
-}
-
 std::optional<double> CgroupCpuQuota(absl::string_view self_cgroup,
                                      const std::string& cgroup_root) {
   std::optional<double> best;
@@ -156,8 +136,14 @@ HostShare ComputeHostShare(const std::function<const char*(const char*)>& getenv
     const char* spec = getenv("SLURM_STEP_TASKS_PER_NODE");
     const char* node = getenv("SLURM_NODEID");
     int node_id = -1;
-    if (spec != nullptr && node != nullptr && absl::SimpleAtoi(node, &node_id)) {
-      share.local_ranks = SlurmTasksOnNode(spec, node_id);
+    if (spec != nullptr && node != nullptr) {
+      if (!absl::SimpleAtoi(node, &node_id)) {
+        share.invalid_env = absl::StrCat("SLURM_NODEID='", node, "' is not an integer");
+      } else if (absl::StatusOr<int> tasks = SlurmTasksOnNode(spec, node_id); tasks.ok()) {
+        share.local_ranks = *tasks;
+      } else {
+        share.invalid_env = absl::StrCat("SLURM_STEP_TASKS_PER_NODE: ", tasks.status().message());
+      }
     }
   }
   if (share.local_ranks == 0) share.local_ranks = PositiveInt(getenv("LOCAL_WORLD_SIZE"));

@@ -10,7 +10,8 @@
 // or v1 cpu.cfs_quota_us / cpu.cfs_period_us, along the cgroup's ancestors,
 // rounded up). The local ranks come from the launcher: Open MPI's
 // OMPI_COMM_WORLD_LOCAL_SIZE, else Slurm's SLURM_STEP_TASKS_PER_NODE (for
-// this node, SLURM_NODEID), else torchrun's LOCAL_WORLD_SIZE.
+// this node, SLURM_NODEID, read by strata::SlurmTasksOnNode), else torchrun's
+// LOCAL_WORLD_SIZE.
 // STRATA_OVERSUBSCRIBED=1 or 0 overrides the answer.
 //
 // Thread-safety: the functions are thread-safe (they read files and the
@@ -31,14 +32,13 @@ struct HostShare {
   std::string cores_from;      // "online CPUs", "CPU affinity", "cgroup quota ..."
   std::optional<bool> forced;  // STRATA_OVERSUBSCRIBED, when set
   std::string invalid_force;   // STRATA_OVERSUBSCRIBED when neither 1 nor 0
+  // Why the launcher's description of this host could not be read (a
+  // malformed SLURM_STEP_TASKS_PER_NODE, say); empty when it could.
+  std::string invalid_env;
   bool oversubscribed() const;
   // "4 ranks on this host, 2 cores (cgroup quota 2.0 CPUs): oversubscribed".
   std::string Describe() const;
 };
-
-// The tasks of node `node_id` in a SLURM_STEP_TASKS_PER_NODE value such as
-// "2(x3),1" (nodes 0-2 run 2 tasks, node 3 one); 0 when it cannot tell.
-int SlurmTasksOnNode(absl::string_view spec, int node_id);
 
 // The CPU quota in CPUs of the cgroup that /proc/self/cgroup's text
 // `self_cgroup` names under the hierarchy mounted at `cgroup_root` (usually

@@ -111,6 +111,12 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
                        "': set it to 1 (more ranks than cores on this host) or 0, or unset it "
                        "to detect"));
     }
+    if (!share.invalid_env.empty() && !share.forced) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot tell how many ranks share this host (to know whether they outnumber its "
+          "cores): ",
+          share.invalid_env, "; set STRATA_OVERSUBSCRIBED=1 or 0 to say it"));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(const RuntimeInfo* info, EnsureInitialized());
   if (info->world_rank != expected_rank || info->world_size != expected_size) {

@@ -1,10 +1,26 @@
 // ParseNvidiaSmiTopo: the matrix printed by `nvidia-smi topo -m`.
 //
-// The header row names the devices (GPU0.., NIC0.. or, from older drivers,
-// the RDMA device names themselves) and then "CPU Affinity", "NUMA Affinity"
-// and "GPU NUMA ID"; each device row gives one cell per device column, and
-// GPU rows add the affinity columns. A "NIC Legend" maps NIC# to device names.
-// Terminals get ANSI underline escapes in the header; they are stripped.
+// What current drivers print (columns separated by tabs):
+//
+//   \t<ESC>[4mGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID<ESC>[0m
+//   GPU0\t X \tNV18\tPIX\t0-55,112-167\t0\t\tN/A
+//   GPU1\tNV18\t X \tNODE\t0-55,112-167\t0\t\tN/A
+//   NIC0\tPIX\tNODE\t X \t\t\t\t
+//
+//   Legend:
+//     X    = Self
+//     ...
+//   NIC Legend:
+//     NIC0: mlx5_bond_0
+//
+// The header row is underlined (ANSI SGR sequences) when nvidia-smi writes to
+// a terminal. The affinity cells may be empty (Windows prints none), and an
+// extra tab precedes GPU NUMA ID. Older drivers print fewer affinity columns
+// (no GPU NUMA ID; before that no NUMA Affinity) and name NICs by their RDMA
+// device (mlx5_0) instead of NIC#. Text copied out of a terminal may have its
+// tabs turned into spaces and the escape sequences' ESC byte lost or shown
+// as "^[" / "\e" / "\033" / U+241B, leaving "[4m" in the header; all of
+// these are accepted.
 #include <algorithm>
 #include <map>
 #include <string>
@@ -25,12 +41,85 @@ namespace {
 // a few dozen devices.
 constexpr size_t kMaxDevices = 512;
 
-std::vector<absl::string_view> Tokens(absl::string_view line) {
+// Removes what is left of SGR sequences ("ESC [ 4 m") once StripAnsi took
+// the intact ones: the bracket part "[<digits and ;>m" with whatever stood
+// for the ESC byte in front of it ("^[", "\e", "\033", "\x1b", U+241B) or
+// nothing. Such text cannot occur in the matrix itself.
+std::string StripSgrRemnants(absl::string_view text) {
+  static constexpr absl::string_view kEscSpellings[] = {"^[",    "\\e",   "\\033",
+                                                        "\\x1b", "\\x1B", "\xe2\x90\x9b"};
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t start = i;
+    for (absl::string_view esc : kEscSpellings) {
+      if (absl::StartsWith(text.substr(i), esc) && i + esc.size() < text.size() &&
+          text[i + esc.size()] == '[') {
+        start = i + esc.size();
+        break;
+      }
+    }
+    if (text[start] == '[') {
+      size_t j = start + 1;
+      while (j < text.size() &&
+             (absl::ascii_isdigit(static_cast<unsigned char>(text[j])) || text[j] == ';')) {
+        ++j;
+      }
+      if (j < text.size() && text[j] == 'm') {
+        i = j + 1;
+        continue;
+      }
+    }
+    out.push_back(text[i]);
+    ++i;
+  }
+  return out;
+}
+
+// StripAnsi leaves an ESC that does not start a CSI sequence; character-set
+// selections such as "ESC ( B" (what `tput sgr0` adds) are dropped here.
+std::string StripOtherEscapes(absl::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\x1b') {
+      out.push_back(text[i]);
+      continue;
+    }
+    if (i + 1 < text.size() && (text[i + 1] == '(' || text[i + 1] == ')')) {
+      i += 2;  // ESC ( B: the designator too
+    } else {
+      i += 1;  // a two-byte escape: ESC and its letter
+    }
+  }
+  return out;
+}
+
+std::vector<absl::string_view> Words(absl::string_view line) {
   return absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
 }
 
-bool IsAffinityHeader(absl::string_view token) {
-  return token == "CPU" || token == "NUMA" || token == "Affinity" || token == "ID";
+// One line as fields: split at tabs when it has any (empty fields kept, each
+// trimmed: " X " is "X"), else at runs of spaces (a paste that lost its tabs).
+struct Fields {
+  std::vector<absl::string_view> f;
+  bool tabs = false;
+};
+
+Fields SplitFields(absl::string_view line) {
+  Fields out;
+  if (line.find('\t') == absl::string_view::npos) {
+    out.f = Words(line);
+    return out;
+  }
+  out.tabs = true;
+  for (absl::string_view f : absl::StrSplit(line, '\t')) {
+    out.f.push_back(absl::StripAsciiWhitespace(f));
+  }
+  // The header starts with a tab (the label column is empty there).
+  while (!out.f.empty() && out.f.front().empty()) out.f.erase(out.f.begin());
+  return out;
 }
 
 bool ParseCell(absl::string_view cell, Link* link) {
@@ -56,35 +145,142 @@ bool ParseCell(absl::string_view cell, Link* link) {
   return true;
 }
 
+bool IsCell(absl::string_view word) {
+  Link unused;
+  return ParseCell(word, &unused);
+}
+
 bool IsGpuLabel(absl::string_view label) {
   int n;
   return absl::StartsWith(label, "GPU") && absl::SimpleAtoi(label.substr(3), &n);
 }
 
+// The trailing columns of the header, in the order nvidia-smi prints them.
+enum class Extra { kCpuAffinity, kNumaAffinity, kGpuNumaId };
+
+// Reads the header's extra columns from its words after the device labels
+// ("CPU Affinity NUMA Affinity GPU NUMA ID"); false on anything else.
+bool ParseExtras(const std::vector<absl::string_view>& words, std::vector<Extra>* extras) {
+  size_t i = 0;
+  auto next_is = [&](std::initializer_list<absl::string_view> want) {
+    if (i + want.size() > words.size()) return false;
+    size_t k = i;
+    for (absl::string_view w : want) {
+      if (words[k++] != w) return false;
+    }
+    i = k;
+    return true;
+  };
+  while (i < words.size()) {
+    if (next_is({"CPU", "Affinity"})) {
+      extras->push_back(Extra::kCpuAffinity);
+    } else if (next_is({"NUMA", "Affinity"})) {
+      extras->push_back(Extra::kNumaAffinity);
+    } else if (next_is({"GPU", "NUMA", "ID"})) {
+      extras->push_back(Extra::kGpuNumaId);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Header {
+  std::vector<std::string> labels;
+  std::vector<Extra> extras;
+};
+
+// The header's words: device labels up to the first extra column.
+absl::StatusOr<Header> ParseHeader(absl::string_view line, size_t line_no) {
+  std::vector<absl::string_view> words = Words(line);
+  Header h;
+  size_t i = 0;
+  for (; i < words.size(); ++i) {
+    absl::string_view w = words[i];
+    // "GPU" alone starts "GPU NUMA ID"; GPU# is a device.
+    if (w == "CPU" || w == "NUMA" || w == "GPU") break;
+    if (IsCell(w)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header line ", line_no, ": '", w,
+          "' is a link symbol, not a device name (is this line a row of the matrix?)"));
+    }
+    h.labels.emplace_back(w);
+  }
+  std::vector<absl::string_view> rest(words.begin() + i, words.end());
+  if (!ParseExtras(rest, &h.extras)) {
+    std::string tail;
+    for (absl::string_view w : rest) absl::StrAppend(&tail, tail.empty() ? "" : " ", w);
+    return absl::InvalidArgumentError(
+        absl::StrCat("header line ", line_no, ": after the devices, '", tail,
+                     "' is not a list of CPU Affinity, NUMA Affinity, GPU NUMA ID"));
+  }
+  return h;
+}
+
+// Finds the header: the first line whose first word is GPU0 and whose
+// second is not a link symbol (a GPU0 row has "X" or a link there).
+absl::StatusOr<size_t> FindHeader(const std::vector<absl::string_view>& lines) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    std::vector<absl::string_view> w = Words(lines[i]);
+    if (w.empty() || w[0] != "GPU0") continue;
+    if (w.size() >= 2 && IsCell(w[1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "line ", i + 1,
+          " is the row of GPU0, but no header line naming the devices (GPU0 "
+          "GPU1 ... CPU Affinity ...) comes before it; was the header lost or garbled when the "
+          "output was copied?"));
+    }
+    return i;
+  }
+  return absl::InvalidArgumentError(
+      "not `nvidia-smi topo -m` output: no header line starting with GPU0");
+}
+
+// The affinity values of a GPU row, from the fields after its cells.
+struct Affinity {
+  std::string cpu, numa;
+};
+
+Affinity ReadAffinity(const Fields& row, size_t cells, const std::vector<Extra>& extras) {
+  Affinity a;
+  std::vector<absl::string_view> tail(row.f.begin() + std::min(row.f.size(), 1 + cells),
+                                      row.f.end());
+  auto assign = [&a](Extra e, absl::string_view v) {
+    if (e == Extra::kCpuAffinity) a.cpu = std::string(v);
+    if (e == Extra::kNumaAffinity) a.numa = std::string(v);
+  };
+  if (row.tabs) {
+    // One field per column in order, except that GPU NUMA ID comes after an
+    // extra tab: it is the last non-empty field.
+    size_t k = 0;
+    for (Extra e : extras) {
+      if (e == Extra::kGpuNumaId) break;
+      if (k < tail.size()) assign(e, tail[k]);
+      ++k;
+    }
+    return a;
+  }
+  // Spaces only: empty cells left no trace, so the words are the columns
+  // only when there are as many as the header has.
+  if (tail.size() == extras.size()) {
+    for (size_t k = 0; k < extras.size(); ++k) assign(extras[k], tail[k]);
+  }
+  return a;
+}
+
 }  // namespace
 
 absl::StatusOr<Topology> ParseNvidiaSmiTopo(absl::string_view input) {
-  std::string text = topology_internal::StripAnsi(input);
+  std::string text = StripSgrRemnants(StripOtherEscapes(topology_internal::StripAnsi(input)));
   std::vector<absl::string_view> lines = topology_internal::Lines(text);
 
-  // Header: the first line whose first token is GPU0.
-  size_t header = lines.size();
-  for (size_t i = 0; i < lines.size(); ++i) {
-    std::vector<absl::string_view> t = Tokens(lines[i]);
-    if (!t.empty() && t[0] == "GPU0") {
-      header = i;
-      break;
-    }
-  }
-  if (header == lines.size()) {
-    return absl::InvalidArgumentError(
-        "not `nvidia-smi topo -m` output: no header line starting with GPU0");
-  }
-  std::vector<std::string> labels;
-  for (absl::string_view tok : Tokens(lines[header])) {
-    if (IsAffinityHeader(tok)) break;
-    labels.emplace_back(tok);
-  }
+  absl::StatusOr<size_t> found = FindHeader(lines);
+  if (!found.ok()) return found.status();
+  const size_t header = *found;
+  absl::StatusOr<Header> parsed = ParseHeader(lines[header], header + 1);
+  if (!parsed.ok()) return parsed.status();
+  std::vector<std::string> labels = std::move(parsed->labels);
+  const std::vector<Extra> extras = std::move(parsed->extras);
   if (labels.size() > kMaxDevices) {
     return absl::InvalidArgumentError(absl::StrCat("header line ", header + 1, " names ",
                                                    labels.size(), " devices; at most ", kMaxDevices,
@@ -104,50 +300,53 @@ absl::StatusOr<Topology> ParseNvidiaSmiTopo(absl::string_view input) {
   t.nvlink_known = true;
   t.links.assign(n, std::vector<Link>(n));
   std::vector<bool> seen(n, false);
-  std::vector<std::string> affinity(n), numa(n);
+  std::vector<Affinity> affinity(n);
   std::map<std::string, std::string> nic_names;
   bool in_legend = false;
   for (size_t li = header + 1; li < lines.size(); ++li) {
-    std::vector<absl::string_view> tok = Tokens(lines[li]);
-    if (tok.empty()) continue;
-    if (tok[0] == "Legend:" || tok[0] == "NIC") {
+    Fields row = SplitFields(lines[li]);
+    if (row.f.empty()) continue;
+    absl::string_view first = row.f[0];
+    if (first == "Legend:" ||
+        absl::StartsWith(absl::StripLeadingAsciiWhitespace(lines[li]), "NIC Legend")) {
       in_legend = true;
       continue;
     }
     if (in_legend) {
-      // "NIC0: mlx5_0"
-      if (tok.size() == 2 && absl::EndsWith(tok[0], ":")) {
-        nic_names[std::string(tok[0].substr(0, tok[0].size() - 1))] = std::string(tok[1]);
+      // "NIC0: mlx5_0", "NIC4: mlx5_bond_0"
+      std::vector<absl::string_view> w = Words(lines[li]);
+      if (w.size() == 2 && absl::EndsWith(w[0], ":") &&
+          column.count(std::string(w[0].substr(0, w[0].size() - 1)))) {
+        nic_names[std::string(w[0].substr(0, w[0].size() - 1))] = std::string(w[1]);
       }
       continue;
     }
-    auto col = column.find(std::string(tok[0]));
+    auto col = column.find(std::string(first));
     if (col == column.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", li + 1, ": row label '", tok[0],
-                                                     "' is not a device of the header"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", li + 1, ": row label '", first, "' is not a device of the header"));
     }
-    size_t row = col->second;
-    if (seen[row]) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", li + 1, ": second row for ", tok[0]));
+    size_t r = col->second;
+    if (seen[r]) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", li + 1, ": second row for ", first));
     }
-    seen[row] = true;
-    if (tok.size() < n + 1) {
-      return absl::InvalidArgumentError(absl::StrCat("line ", li + 1, ": ", tok[0], " has ",
-                                                     tok.size() - 1, " cells, expected ", n));
+    seen[r] = true;
+    if (row.f.size() < n + 1) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", li + 1, ": ", first, " has ",
+                                                     row.f.size() - 1, " cells, expected ", n));
     }
     for (size_t c = 0; c < n; ++c) {
-      if (!ParseCell(tok[c + 1], &t.links[row][c])) {
+      if (!ParseCell(row.f[c + 1], &t.links[r][c])) {
         return absl::InvalidArgumentError(
-            absl::StrCat("line ", li + 1, ": cell '", tok[c + 1], "' (", tok[0], " to ", labels[c],
+            absl::StrCat("line ", li + 1, ": cell '", row.f[c + 1], "' (", first, " to ", labels[c],
                          ") is not one of X, NV#, PIX, PXB, PHB, NODE, SYS"));
       }
     }
-    if (t.links[row][row].type != PathType::kSelf) {
+    if (t.links[r][r].type != PathType::kSelf) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "line ", li + 1, ": ", tok[0], " to itself is '", tok[row + 1], "', expected X"));
+          "line ", li + 1, ": ", first, " to itself is '", row.f[r + 1], "', expected X"));
     }
-    if (tok.size() > n + 1) affinity[row] = std::string(tok[n + 1]);
-    if (tok.size() > n + 2) numa[row] = std::string(tok[n + 2]);
+    affinity[r] = ReadAffinity(row, n, extras);
   }
   for (size_t i = 0; i < n; ++i) {
     if (!seen[i]) {
@@ -175,9 +374,9 @@ absl::StatusOr<Topology> ParseNvidiaSmiTopo(absl::string_view input) {
       Gpu g;
       g.index = static_cast<int>(t.gpus.size());
       g.name = labels[i];
-      if (affinity[i] != "N/A") g.cpu_affinity = affinity[i];
+      if (!affinity[i].cpu.empty() && affinity[i].cpu != "N/A") g.cpu_affinity = affinity[i].cpu;
       int node;
-      if (absl::SimpleAtoi(numa[i], &node)) g.numa_node = node;
+      if (absl::SimpleAtoi(affinity[i].numa, &node) && node >= 0) g.numa_node = node;
       t.gpus.push_back(std::move(g));
     } else {
       Nic nic;

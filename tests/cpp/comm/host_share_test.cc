@@ -5,16 +5,21 @@
 
 #include <sched.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace strata::comm_internal {
 namespace {
+
+using ::testing::HasSubstr;
 
 namespace fs = std::filesystem;
 
@@ -71,21 +76,6 @@ TEST_F(FakeCgroups, V1QuotaOverPeriod) {
   EXPECT_FALSE(CgroupCpuQuota("not a cgroup line\n", root()).has_value());
 }
 
-TEST(HostShareTest, SlurmTasksPerNode) {
-  EXPECT_EQ(SlurmTasksOnNode("4", 0), 4);
-  EXPECT_EQ(SlurmTasksOnNode("4", 1), 0);  // one node only
-  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 0), 2);
-  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 2), 2);
-  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 3), 1);
-  EXPECT_EQ(SlurmTasksOnNode("2(x3),1", 4), 0);
-  EXPECT_EQ(SlurmTasksOnNode("8,4(x2)", 2), 4);
-  EXPECT_EQ(SlurmTasksOnNode("x(3)", 0), 0);
-  EXPECT_EQ(SlurmTasksOnNode("2(x0)", 0), 0);
-  EXPECT_EQ(SlurmTasksOnNode("2(x3", 0), 0);
-  EXPECT_EQ(SlurmTasksOnNode("", 0), 0);
-  EXPECT_EQ(SlurmTasksOnNode("4", -1), 0);
-}
-
 HostShare Share(const std::map<std::string, std::string>& env, int online, int allowed,
                 std::optional<double> quota) {
   return ComputeHostShare(
@@ -126,6 +116,36 @@ TEST(HostShareTest, RanksAgainstTheFewestCores) {
   HostShare unknown = Share({}, 1, 1, std::nullopt);
   EXPECT_FALSE(unknown.oversubscribed());
   EXPECT_TRUE(absl::StrContains(unknown.Describe(), "ranks per host unknown"));
+}
+
+TEST(HostShareTest, SlurmTasksPerNodeIsReadAsLaunchEnvReadsIt) {
+  // The same parser as LaunchEnv (strata::SlurmTasksOnNode), with its errors:
+  // a list that does not describe this node is reported, not taken as
+  // "unknown".
+  auto slurm = [](const char* spec, const char* node) {
+    return Share({{"SLURM_STEP_TASKS_PER_NODE", spec}, {"SLURM_NODEID", node}}, 64, 64,
+                 std::nullopt);
+  };
+  EXPECT_EQ(slurm("8,4(x2)", "2").local_ranks, 4);
+  EXPECT_TRUE(slurm("8,4(x2)", "2").invalid_env.empty());
+  for (const auto& [spec, node, expected] : std::vector<std::array<const char*, 3>>{
+           {"2(x3),1", "4", "node 4 is beyond the Slurm tasks-per-node list '2(x3),1'"},
+           {"2(x0)", "0", "malformed Slurm tasks-per-node entry '2(x0)'"},
+           {"2(x3", "0", "malformed Slurm tasks-per-node entry '2(x3'"},
+           {"", "0", "malformed Slurm tasks-per-node entry ''"},
+           {"4", "-1", "node -1 is not a node of the Slurm tasks-per-node list '4'"},
+           {"4", "one", "SLURM_NODEID='one' is not an integer"}}) {
+    HostShare s = slurm(spec, node);
+    EXPECT_EQ(s.local_ranks, 0) << spec << " " << node;
+    EXPECT_THAT(s.invalid_env, HasSubstr(expected)) << spec << " " << node;
+  }
+  // Open MPI's count comes first; Slurm's is not read then.
+  HostShare both = Share({{"OMPI_COMM_WORLD_LOCAL_SIZE", "8"},
+                          {"SLURM_STEP_TASKS_PER_NODE", "x"},
+                          {"SLURM_NODEID", "0"}},
+                         2, 2, std::nullopt);
+  EXPECT_EQ(both.local_ranks, 8);
+  EXPECT_TRUE(both.invalid_env.empty());
 }
 
 TEST(HostShareTest, TheEnvironmentOverridesDetection) {

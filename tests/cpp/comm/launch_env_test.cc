@@ -133,6 +133,66 @@ TEST(LaunchEnvTest, ForcedLauncher) {
   EXPECT_THAT(ErrorOf(env), HasSubstr("'pbs' is not one of"));
 }
 
+TEST(LaunchEnvTest, LocalRanksInAnyOrderWithinTheNode) {
+  // Plain `mpirun -np 4` under Open MPI 5 numbers the ranks of a node by the
+  // objects it maps them to: ranks 0..3 get local ranks 0, 2, 1, 3.
+  const int local_of[4] = {0, 2, 1, 3};
+  for (int rank = 0; rank < 4; ++rank) {
+    absl::StatusOr<LaunchEnv> e = LaunchEnv::Detect(Mpirun(rank, 4, local_of[rank], 4));
+    ASSERT_TRUE(e.ok()) << e.status();
+    EXPECT_EQ(e->local_rank, local_of[rank]);
+    EXPECT_EQ(e->node_index, 0);
+    EXPECT_EQ(e->num_nodes, 1);
+    EXPECT_TRUE(e->node_index_exact);  // every rank is on this node
+  }
+  // Two nodes of 4: the node comes from the rank, not from rank - local rank
+  // (which gave node 0 for rank 5 with local rank 2).
+  LaunchEnv two = LaunchEnv::Detect(Mpirun(5, 8, 2, 4)).value();
+  EXPECT_EQ(two.node_index, 1);
+  EXPECT_EQ(two.num_nodes, 2);
+  EXPECT_FALSE(two.node_index_exact);  // mpirun gives no node index
+  // torchrun and Slurm promise no order either.
+  Env torchrun = Torchrun(4, 8, 3, 4);
+  torchrun["GROUP_RANK"] = "1";
+  torchrun["RANK"] = "1";
+  LaunchEnv t = LaunchEnv::Detect(torchrun).value();
+  EXPECT_EQ(t.rank, 1);
+  EXPECT_EQ(t.local_rank, 3);
+  EXPECT_EQ(t.node_index, 1);
+  EXPECT_TRUE(t.node_index_exact);
+  LaunchEnv s = LaunchEnv::Detect(Slurm(1, 8, 3, 0)).value();
+  EXPECT_EQ(s.local_rank, 3);
+  EXPECT_EQ(s.node_index, 0);
+}
+
+TEST(LaunchEnvTest, NodeIndexOnlyWhereTheLauncherGivesIt) {
+  // torchrun-style variables with LOCAL_* that cover the world: one node, exact.
+  Env local_only = {{"RANK", "2"},        {"WORLD_SIZE", "4"},
+                    {"LOCAL_RANK", "2"},  {"LOCAL_WORLD_SIZE", "4"},
+                    {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}};
+  LaunchEnv e = LaunchEnv::Detect(local_only).value();
+  EXPECT_EQ(e.num_nodes, 1);
+  EXPECT_TRUE(e.node_index_exact);
+  // RANK/WORLD_SIZE alone: taken as one node, which is an assumption.
+  Env hand_made = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}};
+  e = LaunchEnv::Detect(hand_made).value();
+  EXPECT_EQ(e.num_nodes, 1);
+  EXPECT_FALSE(e.node_index_exact);
+  // A Slurm step on 2 nodes of a 4-node job (srun --preserve-env leaves the
+  // job's SLURM_NNODES/SLURM_NTASKS): the step's own variables count.
+  Env step = Slurm(5, 16, 1, 1);
+  step["SLURM_NNODES"] = "4";
+  step["SLURM_STEP_NUM_NODES"] = "2";
+  step["SLURM_STEP_NUM_TASKS"] = "8";
+  step["SLURM_STEP_TASKS_PER_NODE"] = "4(x2)";
+  e = LaunchEnv::Detect(step).value();
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.num_nodes, 2);
+  EXPECT_EQ(e.node_index, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_TRUE(e.node_index_exact);
+}
+
 TEST(LaunchEnvTest, RankNotBelowWorld) {
   EXPECT_THAT(ErrorOf(Mpirun(8, 8, 0, 8)), AllOf(HasSubstr("rank 8 is not in [0, world size 8)"),
                                                  HasSubstr("OMPI_COMM_WORLD_RANK=8")));
@@ -214,6 +274,15 @@ TEST(SlurmNodeListTest, TasksPerNode) {
   EXPECT_FALSE(SlurmTasksOnNode("2(x3),1", 4).ok());
   EXPECT_FALSE(SlurmTasksOnNode("2(3)", 0).ok());
   EXPECT_FALSE(SlurmTasksOnNode("a", 0).ok());
+  EXPECT_EQ(SlurmTasksOnNode("8,4(x2)", 2).value(), 4);
+  EXPECT_EQ(SlurmTasksOnNode(" 8, 4(x2) ", 1).value(), 4);
+  EXPECT_FALSE(SlurmTasksOnNode("2(x0)", 0).ok());
+  EXPECT_FALSE(SlurmTasksOnNode("2(x3", 0).ok());
+  EXPECT_FALSE(SlurmTasksOnNode("", 0).ok());
+  // A negative node is not the first node.
+  absl::StatusOr<int> negative = SlurmTasksOnNode("4", -1);
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(negative.status().message(), HasSubstr("node -1 is not a node"));
 }
 
 }  // namespace
