@@ -34,7 +34,7 @@ def test_launch_env_describes_this_node():
         # One host: every rank is here, and the local ranks are 0..N-1 in
         # whatever order the launcher chose.
         locals_ = torch.zeros(N, dtype=torch.int64)
-        world.group("world").allgather(locals_, torch.tensor([ENV.local_rank]))
+        world.group("world").all_gather(locals_, torch.tensor([ENV.local_rank]))
         assert sorted(locals_.tolist()) == list(range(N))
         assert (ENV.local_world_size, ENV.node_index, ENV.num_nodes) == (N, 0, 1)
         assert ENV.node_index_exact
@@ -44,14 +44,14 @@ def test_collectives_match_a_local_reference():
     with strata.init() as world:
         g = world.group("world")
         x = torch.arange(1000, dtype=torch.float32) * (g.rank + 1)
-        g.allreduce(x)
+        g.all_reduce(x)
         expected = torch.arange(1000, dtype=torch.float32) * sum(r + 1 for r in range(N))
         assert torch.equal(x, expected)
         b = torch.full((17,), float(g.rank))
-        g.broadcast(b, root=N - 1)
+        g.broadcast(b, src=N - 1)
         assert torch.equal(b, torch.full((17,), float(N - 1)))
         out = torch.zeros(N * 3, dtype=torch.int32)
-        g.allgather(out, torch.full((3,), g.rank, dtype=torch.int32))
+        g.all_gather(out, torch.full((3,), g.rank, dtype=torch.int32))
         assert torch.equal(out, torch.arange(N, dtype=torch.int32).repeat_interleave(3))
         g.barrier()
 
@@ -60,7 +60,7 @@ def shared_directory(world):
     name = tempfile.mkdtemp(prefix="strata-defaults-") if world.rank == 0 else ""
     buf = torch.zeros(256, dtype=torch.uint8)
     buf[:len(name)] = torch.tensor(list(name.encode()), dtype=torch.uint8)
-    world.group("world").broadcast(buf, root=0)
+    world.group("world").broadcast(buf, src=0)
     return bytes(buf[buf != 0].tolist()).decode()
 
 
@@ -84,7 +84,7 @@ def test_train_and_save_asynchronously():
                     opt.zero_grad()
                     loss.backward()
                     for p in model.parameters():
-                        dp.allreduce(p.grad)
+                        dp.all_reduce(p.grad)
                         p.grad /= dp.size
                     opt.step()
                     if step in (2, 5):
