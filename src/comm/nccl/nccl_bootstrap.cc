@@ -124,7 +124,6 @@ int ChooseDevice(const LaunchEnv& env, const NcclOptions& options, int visible) 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& env,
                                                              const RootOptions& options,
                                                              std::shared_ptr<Store> store) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   const std::string who = absl::StrCat("rank ", env.rank, " of ", env.world_size);
   if (options.nccl.watchdog_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(

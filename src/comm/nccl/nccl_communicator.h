@@ -35,7 +35,6 @@
 #include "comm/nccl/nccl_config.h"
 #include "comm/nccl/nccl_library.h"
 #include "comm/nccl/nccl_watchdog.h"
-#include "comm/validate.h"
 #include "strata/comm/backend.h"
 
 namespace strata::nccl {
@@ -86,74 +85,72 @@ absl::Status WaitNcclReady(const NcclApi& api, ncclComm_t comm, absl::Time deadl
 class NcclCommunicator final : public Communicator {
  public:
   // Wraps an initialised communicator. `comm` is owned from here on.
+  // `options` has been checked (CreateRootCommunicator, Split, Shrink).
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Wrap(std::shared_ptr<NcclFamily> family,
                                                                 ncclComm_t comm,
                                                                 const CommOptions& options);
   ~NcclCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return options_.name; }
-  int world_rank() const override { return family_->world_rank; }
   absl::string_view backend() const override { return "nccl"; }
   MemoryKind memory() const override { return MemoryKind::kCuda; }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer send, Buffer recv, ReduceOp op, int root,
-                                               const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                      const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer send, Buffer recv,
-                                                 const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer send, Buffer recv,
-                                                  const AllToAllCounts& counts,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
-                                             const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
-                                             const OpOptions& options) override;
-
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const CommOptions& options) override;
-  absl::Status Abort() override;
-  absl::Status Revoke() override;
-  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
-                                                       const CommOptions& options) override;
-  absl::Status AsyncError() override;
-
   // The NCCL in use, for reports: "NCCL 2.30.7 (/path/libnccl.so.2)".
   std::string LibraryDescription() const;
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer buffer, int root,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                 int root, const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllGather(ConstBuffer send, Buffer recv,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                        const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer send, Buffer recv,
+                                                   const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(ConstBuffer send, Buffer recv,
+                                                    const AllToAllCounts& counts,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
+                                                        const CommOptions& options,
+                                                        const ResolvedOptions& resolved) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(const ShrinkPlan& plan,
+                                                         const CommOptions& options,
+                                                         const ResolvedOptions& resolved) override;
+  absl::Status DoAbort() override;
+  absl::Status DoRevoke() override;
+  absl::Status DoAsyncError() override;
 
  private:
   NcclCommunicator(std::shared_ptr<NcclFamily> family, ncclComm_t comm, int rank, int size,
                    const CommOptions& options);
 
-  comm_internal::GroupInfo Group() const;
   // Enqueues `enqueue` (the NCCL calls) on the stream, records the
-  // completion event and returns the Work. `what` names the operation
-  // ("allreduce(sum, 4 x fp32)").
+  // completion event and returns the Work.
   absl::StatusOr<std::unique_ptr<Work>> Launch(
-      const std::string& what, const OpOptions& options,
+      const ResolvedOptions& options,
       const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue);
+  // All-to-all as NCCL does it: a group of sends and receives.
+  absl::StatusOr<std::unique_ptr<Work>> LaunchAllToAll(ConstBuffer send, Buffer recv,
+                                                       const AllToAllCounts& counts,
+                                                       const ResolvedOptions& options);
   // The config of a new child communicator.
   NcclConfig ChildConfig(const CommOptions& options) const;
   // Waits for a child made by split/shrink; wraps or aborts it.
   absl::StatusOr<std::unique_ptr<Communicator>> AdoptChild(ncclResult_t started, ncclComm_t child,
                                                            const CommOptions& options,
-                                                           absl::string_view what);
+                                                           const ResolvedOptions& resolved);
   void Release();
 
   const std::shared_ptr<NcclFamily> family_;
   const NcclApi& api_;
-  const int rank_;
-  const int size_;
-  const CommOptions options_;
   std::shared_ptr<CommTracker> tracker_;
   // Serialises enqueueing (every rank must issue in the same order) and
   // guards comm_ against Abort.
@@ -165,5 +162,9 @@ class NcclCommunicator final : public Communicator {
   // Revoked and quiescent: a shrink needs no NCCL_SHRINK_ABORT.
   std::atomic<bool> revoked_{false};
 };
+
+// What NCCL moves (every dtype, as bytes where NCCL has no type) and
+// reduces (all but int16 and bool).
+const CommCapabilities& NcclCapabilities();
 
 }  // namespace strata::nccl
