@@ -61,6 +61,32 @@ const CommCapabilities& NcclCapabilities() {
   return caps;
 }
 
+absl::Status CheckNcclOptions(const NcclOptions& options, absl::string_view who) {
+  if (options.watchdog_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("NcclOptions::watchdog_interval ",
+                                                   absl::FormatDuration(options.watchdog_interval),
+                                                   " must be positive"));
+  }
+  if (options.device < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions::device ", options.device, " on ", who,
+                     " must be a device index or -1 (the local rank's device)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<NcclFamily>> NcclFamily::Create(const NcclOptions& options,
+                                                               int world_rank) {
+  STRATA_RETURN_IF_ERROR(CheckNcclOptions(options, absl::StrCat("world rank ", world_rank)));
+  auto family = std::make_shared<NcclFamily>();
+  family->world_rank = world_rank;
+  family->options = options;
+  WatchdogOptions watchdog;
+  watchdog.interval = options.watchdog_interval;
+  family->watchdog = std::make_unique<Watchdog>(std::move(watchdog));
+  return family;
+}
+
 int VisibleDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -6,14 +6,18 @@
 // ncclCommGetAsyncError until done or until CommOptions::timeout passes.
 // Operations are enqueued on the caller's stream (OpOptions::stream, else
 // the communicator's own stream) and complete through a CUDA event recorded
-// after them; Work::Wait / Test query that event. The process's watchdog
+// after them; Work::Wait / Test query that event. The family's watchdog
 // (nccl_watchdog.h) polls each communicator for asynchronous NCCL errors and
 // operations past their deadline.
 //
-// Split children and shrunk communicators belong to their root's family:
-// once any member has failed or been aborted, every member is released with
-// ncclCommAbort, never ncclCommDestroy (which can block on a dead peer).
-// A healthy communicator is finalized (within its timeout) and destroyed.
+// Split children and shrunk communicators belong to their root's family
+// (NcclFamily), which owns the watchdog: one thread per root, polling at the
+// root's NcclOptions::watchdog_interval, joined when the last member of the
+// family is destroyed. Nothing is shared between the families of two roots
+// in one process. Once any member has failed or been aborted, every member
+// is released with ncclCommAbort, never ncclCommDestroy (which can block on
+// a dead peer). A healthy communicator is finalized (within its timeout)
+// and destroyed.
 //
 //   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
 //                           nccl::CreateNcclRoot(env, options, store));
@@ -49,19 +53,34 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                                                              const RootOptions& options,
                                                              std::shared_ptr<Store> store);
 
-// What every communicator of one root's family shares.
+// What every communicator of one root's family shares (the root and every
+// communicator split or shrunk from it, each holding a reference).
 struct NcclFamily {
+  // A family whose watchdog polls every `options.watchdog_interval`, on a
+  // thread of its own that lives as long as the family. InvalidArgument
+  // when the interval is not positive (it could not be honoured).
+  static absl::StatusOr<std::shared_ptr<NcclFamily>> Create(const NcclOptions& options,
+                                                            int world_rank);
+
   const NcclApi* api = nullptr;
   int device = 0;
   int world_rank = 0;
   NcclOptions options;
   // The topology profile's config fields, for the family's communicators.
   NcclConfigFields profile;
-  std::shared_ptr<Watchdog> watchdog;
+  // Owned here, so its thread is joined when the last member goes. Its
+  // thread never holds the family (tracker hooks reach it through a weak
+  // reference, and a tracker's Close waits for a check in progress).
+  std::unique_ptr<Watchdog> watchdog;
   // Set when any member failed or was aborted: members are then released
   // with ncclCommAbort.
   std::atomic<bool> failed{false};
 };
+
+// InvalidArgument naming the setting when `options` holds one that cannot
+// be honoured (a watchdog interval that is not positive, a device index
+// below -1). `who`: "rank 3 of 8".
+absl::Status CheckNcclOptions(const NcclOptions& options, absl::string_view who);
 
 // Makes `device` current for the life of the guard, restoring the caller's.
 class DeviceGuard {
@@ -96,6 +115,8 @@ class NcclCommunicator final : public Communicator {
 
   // The NCCL in use, for reports: "NCCL 2.30.7 (/path/libnccl.so.2)".
   std::string LibraryDescription() const;
+  // The family's watchdog (shared with the root's splits and shrinks).
+  const Watchdog& watchdog() const { return *family_->watchdog; }
 
  protected:
   absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
