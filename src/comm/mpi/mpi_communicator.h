@@ -10,7 +10,9 @@
 // Structure and faults:
 //   Split    MPI_Ibarrier (bounded by the new communicator's timeout), then
 //            MPI_Comm_split, then MPI_Comm_idup for the control duplicate.
-//   Revoke   MPIX_Comm_revoke (ULFM); Unimplemented without ULFM.
+//   Revoke   MPIX_Comm_revoke (ULFM); Unimplemented without ULFM, and
+//            FailedPrecondition in a job without fault tolerance (mpirun
+//            --with-ft ulfm), where the revocation would reach no peer.
 //   Shrink   works for failed and for live excluded ranks, on a revoked
 //            communicator too, and only the survivors call it: they meet
 //            on the control duplicate (never revoked) with point-to-point

@@ -250,6 +250,15 @@ absl::Status MpiCommunicator::DoRevoke() {
     return absl::FailedPreconditionError(
         absl::StrCat("revoke on ", state_->where(), ": MPI is already finalised"));
   }
+  // Without fault tolerance on, MPIX_Comm_revoke returns but the other
+  // ranks never hear of it: refuse rather than revoke this rank alone.
+  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
+  if (size() > 1 && info.ok() && !(*info)->fault_tolerant) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "revoke on ", state_->where(),
+        ": this job runs without MPI fault tolerance, so a revocation would not reach the other "
+        "ranks; launch with mpirun --with-ft ulfm, or abort instead"));
+  }
   int rc = MPIX_Comm_revoke(state_->comm());
   if (rc != MPI_SUCCESS) {
     return FromMpi(rc, state_->comm(), absl::StrCat("revoke on ", state_->where()));
