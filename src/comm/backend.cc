@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/validate.h"
 #include "strata/base/status.h"
 
 #ifdef STRATA_HAVE_MPI
@@ -121,6 +122,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateRootCommunicator(const Launc
         absl::StrCat("RootOptions version ", options.version,
                      " is not supported (this build: ", RootOptions::kVersion, ")"));
   }
+  // The one check of a root's options, whatever the backend (Communicator
+  // checks those of splits and shrinks).
+  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   STRATA_ASSIGN_OR_RETURN(std::string backend, ResolveBackend(env, options));
 #ifdef STRATA_HAVE_MPI
   if (backend == "mpi") {

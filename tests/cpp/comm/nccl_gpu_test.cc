@@ -1,7 +1,9 @@
-// The NCCL backend on real GPUs: ranks are threads of this process, one per
-// visible device, bootstrapped through a memory store. Every test skips
-// (with the reason) where no GPU is visible; the device machine runs them.
-// Results are compared with a reference computed on the host in the test.
+// What is the NCCL backend's own, on real GPUs: ranks are threads of this
+// process, one per visible device, bootstrapped through a memory store.
+// Every test skips (with the reason) where no GPU is visible; the device
+// machine runs them. What every backend must do (every collective and dtype
+// against a reference, split, shrink, misuse, recording) is the conformance
+// suite, on NCCL in comm_conformance_nccl_test.
 #include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -206,132 +208,6 @@ TEST(NcclGpu, InitReportsRankSizeAndBackend) {
   });
 }
 
-TEST(NcclGpu, EveryCollectiveAndDtypeMatchesTheHostReference) {
-  SKIP_WITHOUT_GPUS(1);
-  const int n = Ranks();
-  const size_t kCount = 37;
-  RunRanks(n, [&](int r, Communicator& c) {
-    for (DataType t : kAllDataTypes) {
-      const std::string dt = DataTypeName(t);
-      const bool reducible = NcclCanReduce(t);
-      if (reducible) {
-        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
-          DeviceBuffer x(t, RankValues(r, kCount));
-          ExpectOk(c.AllReduce(x.buffer(), x.buffer(), op), "allreduce " + dt);
-          std::vector<double> got = x.Read();
-          for (size_t i = 0; i < kCount; ++i) {
-            double want = Value(0, i);
-            for (int q = 1; q < n; ++q) {
-              want = op == ReduceOp::kSum   ? want + Value(q, i)
-                     : op == ReduceOp::kMin ? std::min(want, Value(q, i))
-                                            : std::max(want, Value(q, i));
-            }
-            ASSERT_EQ(got[i], want)
-                << "allreduce " << ReduceOpName(op) << " " << dt << " [" << i << "] on rank " << r;
-          }
-        }
-        // reduce_scatter: block r of the sum.
-        DeviceBuffer send(t, RankValues(r, kCount * static_cast<size_t>(n)));
-        DeviceBuffer recv(t, std::vector<double>(kCount, 0));
-        ExpectOk(c.ReduceScatter(send.buffer(), recv.buffer(), ReduceOp::kSum),
-                 "reduce_scatter " + dt);
-        std::vector<double> got = recv.Read();
-        for (size_t i = 0; i < kCount; ++i) {
-          double want = 0;
-          for (int q = 0; q < n; ++q) want += Value(q, static_cast<size_t>(r) * kCount + i);
-          ASSERT_EQ(got[i], want) << "reduce_scatter " << dt;
-        }
-        // reduce to the last rank.
-        DeviceBuffer rsend(t, RankValues(r, kCount));
-        DeviceBuffer rrecv(t, std::vector<double>(kCount, 0));
-        ExpectOk(c.Reduce(rsend.buffer(), rrecv.buffer(), ReduceOp::kSum, n - 1), "reduce " + dt);
-        if (r == n - 1) {
-          got = rrecv.Read();
-          for (size_t i = 0; i < kCount; ++i) {
-            double want = 0;
-            for (int q = 0; q < n; ++q) want += Value(q, i);
-            ASSERT_EQ(got[i], want) << "reduce " << dt;
-          }
-        }
-      }
-      // Moves: every dtype (int16 and bool as bytes).
-      const double one = t == DataType::kBool ? 1 : 0;
-      DeviceBuffer b(t, r == 0 ? RankValues(7, kCount) : std::vector<double>(kCount, one));
-      ExpectOk(c.Broadcast(b.buffer(), 0), "broadcast " + dt);
-      std::vector<double> got = b.Read();
-      for (size_t i = 0; i < kCount; ++i) {
-        ASSERT_EQ(got[i], t == DataType::kBool ? 1 : Value(7, i)) << "broadcast " << dt;
-      }
-      DeviceBuffer g(t, RankValues(r, kCount));
-      DeviceBuffer all(t, std::vector<double>(kCount * static_cast<size_t>(n), 0));
-      ExpectOk(c.AllGather(g.buffer(), all.buffer()), "allgather " + dt);
-      got = all.Read();
-      for (int q = 0; q < n; ++q) {
-        for (size_t i = 0; i < kCount; ++i) {
-          const double want = t == DataType::kBool ? 1 : Value(q, i);
-          ASSERT_EQ(got[static_cast<size_t>(q) * kCount + i], want) << "allgather " << dt;
-        }
-      }
-      // alltoall: block q of rank r's send holds 100*r + q (bool: 1).
-      std::vector<double> a2a(kCount * static_cast<size_t>(n));
-      for (size_t k = 0; k < a2a.size(); ++k) {
-        a2a[k] = t == DataType::kBool
-                     ? 1
-                     : static_cast<double>((r * 10 + static_cast<int>(k / kCount)) % 100);
-      }
-      DeviceBuffer s(t, a2a);
-      DeviceBuffer d(t, std::vector<double>(a2a.size(), 0));
-      ExpectOk(c.AllToAll(s.buffer(), d.buffer()), "alltoall " + dt);
-      got = d.Read();
-      for (int q = 0; q < n; ++q) {
-        const double want = t == DataType::kBool ? 1 : static_cast<double>((q * 10 + r) % 100);
-        ASSERT_EQ(got[static_cast<size_t>(q) * kCount], want) << "alltoall " << dt;
-      }
-    }
-    // Averages of floating-point values, variable all-to-all, p2p, barrier.
-    DeviceBuffer avg(DataType::kFloat32, RankValues(r, kCount));
-    ExpectOk(c.AllReduce(avg.buffer(), avg.buffer(), ReduceOp::kAvg), "allreduce avg");
-    std::vector<double> got = avg.Read();
-    for (size_t i = 0; i < kCount; ++i) {
-      double want = 0;
-      for (int q = 0; q < n; ++q) want += Value(q, i);
-      ASSERT_NEAR(got[i], want / n, 1e-5);
-    }
-    AllToAllCounts counts;
-    for (int q = 0; q < n; ++q) {
-      counts.send_counts.push_back(static_cast<size_t>(q + 1));  // rank q gets q+1 from each
-      counts.recv_counts.push_back(static_cast<size_t>(r + 1));
-    }
-    size_t total_send = 0;
-    for (size_t k : counts.send_counts) total_send += k;
-    DeviceBuffer vs(DataType::kInt32, std::vector<double>(total_send, r + 1));
-    DeviceBuffer vr(DataType::kInt32, std::vector<double>(static_cast<size_t>(n * (r + 1)), 0));
-    ExpectOk(c.AllToAllV(vs.buffer(), vr.buffer(), counts), "alltoallv");
-    got = vr.Read();
-    for (int q = 0; q < n; ++q) {
-      for (int k = 0; k <= r; ++k) ASSERT_EQ(got[static_cast<size_t>(q * (r + 1) + k)], q + 1);
-    }
-    if (n > 1) {
-      DeviceBuffer out(DataType::kFloat64, RankValues(r, kCount));
-      DeviceBuffer in(DataType::kFloat64, std::vector<double>(kCount, 0));
-      const int next = (r + 1) % n;
-      const int prev = (r + n - 1) % n;
-      // Sends on a stream of their own: on one stream every rank's send
-      // would wait for a receive queued behind its neighbour's send.
-      cudaStream_t send_stream = nullptr;
-      ASSERT_EQ(cudaStreamCreateWithFlags(&send_stream, cudaStreamNonBlocking), cudaSuccess);
-      OpOptions on_send_stream;
-      on_send_stream.stream = send_stream;
-      absl::StatusOr<std::unique_ptr<Work>> sent = c.Send(out.buffer(), next, on_send_stream);
-      ExpectOk(c.Recv(in.buffer(), prev), "recv");
-      ExpectOk(std::move(sent), "send");
-      EXPECT_EQ(in.Read(), RankValues(prev, kCount));
-      cudaStreamDestroy(send_stream);
-    }
-    ExpectOk(c.Barrier(), "barrier");
-  });
-}
-
 // Completion through events on the caller's stream: work queued behind a
 // memset on that stream sees the memset's value.
 TEST(NcclGpu, WorkOnANonDefaultStreamCompletesInStreamOrder) {
@@ -436,48 +312,39 @@ TEST(NcclGpu, AbortDuringAnInFlightCollectiveReturnsWithinItsDeadline) {
   });
 }
 
-TEST(NcclGpu, SplitAndShrinkMakeWorkingChildren) {
+// Each root has a watchdog of its own, at its own interval, which its
+// splits share and which outlives the root while a split holds it.
+TEST(NcclGpu, EachRootHasAWatchdogOfItsOwnAtItsInterval) {
   SKIP_WITHOUT_GPUS(1);
-  const int n = Ranks();
-  RunRanks(n, [&](int r, Communicator& c) {
-    {
-      CommOptions half;
-      half.name = "half";
-      absl::StatusOr<std::unique_ptr<Communicator>> child = c.Split(r % 2, r, half);
-      ASSERT_TRUE(child.ok()) << child.status();
-      ASSERT_NE(*child, nullptr);
-      EXPECT_EQ((*child)->size(), (n + 1 - r % 2) / 2);
-      DeviceBuffer x(DataType::kFloat32, std::vector<double>(8, r));
-      ExpectOk((*child)->AllReduce(x.buffer(), x.buffer(), ReduceOp::kSum), "child allreduce");
-      double want = 0;
-      for (int q = r % 2; q < n; q += 2) want += q;
-      EXPECT_EQ(x.Read()[0], want);
-      absl::StatusOr<std::unique_ptr<Communicator>> none = c.Split(-1, 0, half);
-      ASSERT_TRUE(none.ok()) << none.status();
-      EXPECT_EQ(*none, nullptr);
-    }  // the children are finalized and destroyed here, on every rank
-    CommOptions shrunk_options;
-    shrunk_options.name = "shrunk";
-    std::vector<int> excluded;
-    if (n > 1) excluded.push_back(n - 1);
-    if (r == n - 1 && n > 1) {  // the excluded rank takes no part
-      EXPECT_TRUE(c.Abort().ok());
-      return;
-    }
-    absl::StatusOr<std::unique_ptr<Communicator>> shrunk = c.Shrink(excluded, shrunk_options);
-    if (shrunk.status().code() == absl::StatusCode::kFailedPrecondition) {
-      GTEST_SKIP() << shrunk.status();  // an NCCL older than 2.27
-    }
-    ASSERT_TRUE(shrunk.ok()) << shrunk.status();
-    EXPECT_EQ((*shrunk)->size(), n > 1 ? n - 1 : 1);
-    EXPECT_EQ((*shrunk)->rank(), r);
-    DeviceBuffer y(DataType::kInt32, std::vector<double>(8, 1));
-    ExpectOk((*shrunk)->AllReduce(y.buffer(), y.buffer(), ReduceOp::kSum), "shrunk allreduce");
-    EXPECT_EQ(y.Read()[0], (*shrunk)->size());
-    // The parent is abandoned after a shrink, as the elastic layer does: it
-    // is released with abort (its excluded rank is gone).
-    EXPECT_TRUE(c.Abort().ok());
-  });
+  cudaSetDevice(0);
+  auto make = [](absl::Duration interval) {
+    RootOptions options;
+    options.backend = "nccl";
+    options.store = MakeMemoryStore();
+    options.comm.timeout = absl::Seconds(60);
+    options.nccl.device = 0;
+    options.nccl.watchdog_interval = interval;
+    return CreateRootCommunicator(LaunchEnv{}, options);
+  };
+  absl::StatusOr<std::unique_ptr<Communicator>> a = make(absl::Milliseconds(5));
+  absl::StatusOr<std::unique_ptr<Communicator>> b = make(absl::Milliseconds(50));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  const Watchdog& wa = static_cast<NcclCommunicator&>(**a).watchdog();
+  const Watchdog& wb = static_cast<NcclCommunicator&>(**b).watchdog();
+  EXPECT_NE(&wa, &wb);
+  EXPECT_EQ(wa.interval(), absl::Milliseconds(5));
+  EXPECT_EQ(wb.interval(), absl::Milliseconds(50));
+  CommOptions child_options;
+  child_options.name = "child";
+  absl::StatusOr<std::unique_ptr<Communicator>> child = (*a)->Split(0, 0, child_options);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(&static_cast<NcclCommunicator&>(**child).watchdog(), &wa);
+  a->reset();  // the root goes; its split keeps the family and its watchdog
+  DeviceBuffer x(DataType::kFloat32, std::vector<double>(4, 2));
+  ExpectOk((*child)->AllReduce(x.buffer(), x.buffer(), ReduceOp::kSum), "child allreduce");
+  EXPECT_EQ(x.Read()[0], 2);
+  ExpectOk((*b)->Barrier(), "the other root's barrier");
 }
 
 }  // namespace
