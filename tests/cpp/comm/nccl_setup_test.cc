@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "comm/topology/nccl_setup_internal.h"
+#include "comm/nccl_tuning/nccl_setup_internal.h"
 #include "strata/comm/nccl_profile.h"
 
 namespace strata {
@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 class NcclSetup : public testing::Test {
  protected:
   void SetUp() override {
-    topology_internal::ResetNcclSetupForTesting();
+    nccl_tuning_internal::ResetNcclSetupForTesting();
     unsetenv("NCCL_IB_HCA");
     unsetenv("STRATA_NCCL_PROFILE");
   }

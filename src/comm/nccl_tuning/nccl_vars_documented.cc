@@ -15,10 +15,10 @@
 // Descriptions are strata's own words.
 #include <cstdint>
 
-#include "comm/topology/nccl_vars.h"
+#include "comm/nccl_tuning/nccl_vars.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 namespace {
 
 constexpr int V(int major, int minor, int patch) { return major * 10000 + minor * 100 + patch; }
@@ -553,5 +553,5 @@ const NcclVarInfo kDocumented[] = {
 
 absl::Span<const NcclVarInfo> DocumentedNcclVars() { return kDocumented; }
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 }  // namespace strata

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/topology/nccl_setup_internal.h"
+#include "comm/nccl_tuning/nccl_setup_internal.h"
 #include "strata/base/status.h"
 #include "strata/comm/nccl_profile.h"
 
@@ -57,7 +57,7 @@ void Log(const NcclCommSetupOptions& options, const std::string& line) {
 
 }  // namespace
 
-namespace topology_internal {
+namespace nccl_tuning_internal {
 void ResetNcclSetupForTesting() {
   ProcessSetup& p = Process();
   absl::MutexLock lock(&p.mu);
@@ -66,7 +66,7 @@ void ResetNcclSetupForTesting() {
   p.env_set.clear();
   p.applied = false;
 }
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 
 absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions& options) {
   ProcessSetup& proc = Process();

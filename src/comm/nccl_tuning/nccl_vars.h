@@ -6,7 +6,7 @@
 #include "strata/comm/nccl_lint.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 
 // Variables in NCCL's environment-variable documentation (2.30 edition, and
 // older editions for removed ones).
@@ -14,5 +14,5 @@ absl::Span<const NcclVarInfo> DocumentedNcclVars();
 // Variables NCCL's source reads that its documentation does not list.
 absl::Span<const NcclVarInfo> InternalNcclVars();
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 }  // namespace strata

@@ -4,10 +4,10 @@
 // description other than "Internal knob" were checked in the named file.
 #include <cstdint>
 
-#include "comm/topology/nccl_vars.h"
+#include "comm/nccl_tuning/nccl_vars.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 namespace {
 
 constexpr int V(int major, int minor, int patch) { return major * 10000 + minor * 100 + patch; }
@@ -624,5 +624,5 @@ const NcclVarInfo kInternal[] = {
 
 absl::Span<const NcclVarInfo> InternalNcclVars() { return kInternal; }
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 }  // namespace strata
