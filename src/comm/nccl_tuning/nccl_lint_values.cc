@@ -1,6 +1,6 @@
 // Value checks of the NCCL lint: what NCCL makes of each value, by type, and
 // the ranges and quirks its source and documentation state (see the rows of
-// nccl_vars_documented.cc for where each fact comes from).
+// nccl_vars.tsv for where each fact comes from).
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>

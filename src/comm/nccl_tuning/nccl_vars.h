@@ -1,5 +1,5 @@
-// The two halves of the NCCL variable table (internal); nccl_vars.cc joins
-// them for NcclVariables().
+// The NCCL variable table (internal): nccl_vars.tsv, turned into C++ by
+// gen_nccl_vars.py at build time; nccl_vars.cc serves it as NcclVariables().
 #pragma once
 
 #include "absl/types/span.h"
@@ -8,11 +8,8 @@
 namespace strata {
 namespace nccl_tuning_internal {
 
-// Variables in NCCL's environment-variable documentation (2.30 edition, and
-// older editions for removed ones).
-absl::Span<const NcclVarInfo> DocumentedNcclVars();
-// Variables NCCL's source reads that its documentation does not list.
-absl::Span<const NcclVarInfo> InternalNcclVars();
+// Every row of nccl_vars.tsv, in file order (documented variables first).
+absl::Span<const NcclVarInfo> NcclVarTable();
 
 }  // namespace nccl_tuning_internal
 }  // namespace strata

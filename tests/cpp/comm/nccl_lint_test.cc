@@ -1,5 +1,5 @@
 // The NCCL lint: one test per variable the issue names (checked against
-// NCCL's docs and source, see nccl_vars_documented.cc), the precedence of
+// NCCL's docs and source, see nccl_tuning/nccl_vars.tsv), the precedence of
 // NCCL's configuration sources, nccl.conf syntax as NCCL reads it, value
 // coercion, version awareness and contradictions with the machine.
 #include "strata/comm/nccl_lint.h"
