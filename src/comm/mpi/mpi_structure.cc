@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/common/host_share.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "strata/base/status.h"
 
@@ -102,15 +101,6 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
         absl::StrCat("MpiOptions: busy_poll ", absl::FormatDuration(options.mpi.busy_poll),
                      " and max_poll_interval ", absl::FormatDuration(options.mpi.max_poll_interval),
                      " must not be negative"));
-  }
-  if (!options.mpi.oversubscribed) {
-    const comm_internal::HostShare share = comm_internal::DetectHostShare();
-    if (!share.invalid_force.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("STRATA_OVERSUBSCRIBED is '", share.invalid_force,
-                       "': set it to 1 (more ranks than cores on this host) or 0, or unset it "
-                       "to detect"));
-    }
   }
   STRATA_ASSIGN_OR_RETURN(const RuntimeInfo* info, EnsureInitialized());
   if (info->world_rank != expected_rank || info->world_size != expected_size) {

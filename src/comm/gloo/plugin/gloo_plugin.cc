@@ -621,7 +621,9 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   if (!e.ok()) return e;
   std::vector<int64_t> pids(static_cast<size_t>(n), 0);
   pids[static_cast<size_t>(me)] = static_cast<int64_t>(getpid());
-  bool can_read_peers = HostCopyWanted() && n <= kOwnAlgorithmRanks;
+  Error setting;
+  bool can_read_peers = HostCopyWanted(&setting) && n <= kOwnAlgorithmRanks;
+  if (!setting.ok()) return setting;
   BoardName board_name;
   std::unique_ptr<HostBoard> board;
   if (n > 1) {

@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
+
+#include "base/bool_setting.h"
 
 namespace strata::gloo_plugin {
 namespace {
@@ -61,9 +64,16 @@ const uint64_t& ProbeWord() {
   return word;
 }
 
-bool HostCopyWanted() {
+bool HostCopyWanted(Error* error) {
   const char* env = std::getenv("STRATA_GLOO_CMA");
-  return env == nullptr || std::string(env) != "0";
+  if (env == nullptr || *env == '\0') return true;
+  const std::optional<bool> wanted = settings_internal::ParseBool(env);
+  if (!wanted) {
+    *error = {kInvalidArgument, std::string("STRATA_GLOO_CMA='") + env +
+                                    "' is not a boolean (0/1/true/false); see docs/launch.md"};
+    return false;
+  }
+  return *wanted;
 }
 
 namespace {

@@ -63,8 +63,11 @@ struct HostRecord {
   uint64_t word = 0;   // the word's value
 };
 
-// False when STRATA_GLOO_CMA=0.
-bool HostCopyWanted();
+// STRATA_GLOO_CMA, spelled as the settings registry spells it
+// (strata/base/settings.h, which libstrata checks before connecting; the
+// plugin cannot link it and reads the variable itself). False, with
+// `error` set, for a value that is not a boolean.
+bool HostCopyWanted(Error* error);
 
 // A failed host copy or round, with the Error code to report: kUnavailable
 // (a peer is gone, or closed the group), kDeadlineExceeded,
