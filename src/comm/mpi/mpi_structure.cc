@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "comm/common/host_share.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "strata/base/status.h"
 
@@ -72,15 +71,9 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
                      " and max_poll_interval ", absl::FormatDuration(options.mpi.max_poll_interval),
                      " must not be negative"));
   }
-  if (!options.mpi.oversubscribed) {
+  if (!options.mpi.oversubscribed.has_value()) {
     const comm_internal::HostShare share = comm_internal::DetectHostShare();
-    if (!share.invalid_force.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("STRATA_OVERSUBSCRIBED is '", share.invalid_force,
-                       "': set it to 1 (more ranks than cores on this host) or 0, or unset it "
-                       "to detect"));
-    }
-    if (!share.invalid_env.empty() && !share.forced) {
+    if (!share.invalid_env.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot tell how many ranks share this host (to know whether they outnumber its "
           "cores): ",
