@@ -70,10 +70,10 @@ __all__ = [
 
 
 def __getattr__(name):
-    # strata.nn imports torch, so it is loaded on first use rather than by
-    # `import strata`.
-    if name == "nn":
+    # strata.nn and strata.optim import torch, so they are loaded on first
+    # use rather than by `import strata`.
+    if name in ("nn", "optim"):
         import importlib
 
-        return importlib.import_module(".nn", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'strata' has no attribute {name!r}")

@@ -319,8 +319,8 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
                    merge_gap_bytes=merge_gap_bytes)
     failure = None
     try:
-        targets, tensors, after, tree, unasked = _plan_load(reader, state, strict,
-                                                            placement.group is not None)
+        targets, tensors, after, tree, unasked, templates = _plan_load(
+            reader, state, strict, placement.group is not None)
     except Exception as e:  # noqa: BLE001: raised on every rank by agree()
         failure = e
     placement.agree(failure)
@@ -347,6 +347,10 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
             dst.copy_(tmp)
     for name, obj in list(state.items()):
         if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
+            continue
+        if name in templates:
+            obj.strata_load_sharded_state_dict(templates[name],
+                                               _decode(tree[name], T._Loaded(tensors)))
             continue
         if isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(tree[name]):
             obj.load_state_dict(T.load_named_optimizer(obj, T.param_names(state), tree[name],
@@ -382,6 +386,7 @@ def _plan_load(reader, state, strict, collective=False):
     ``collective``, saved tensors under a module entry that this rank does
     not hold are left to that check rather than refused here."""
     unasked = set()
+    templates = {}  # entry -> what strata_sharded_state_dict gave, filled by the load
     tree = _tree(reader)
     saved = {key: (dtype, shape) for key, dtype, shape in reader.tensors()}
     tensors = {}   # key -> CPU tensor filled by the load
@@ -455,6 +460,37 @@ def _plan_load(reader, state, strict, collective=False):
                         tmp = torch.empty(dst.shape, dtype=dst.dtype)
                         tensors[key] = tmp
                         after.append((dst, tmp))
+            elif callable(getattr(obj, "strata_sharded_state_dict", None)):
+                # Lays out its own shards (strata.optim.DistributedOptimizer):
+                # its current layout says which box of each tensor to read.
+                template = obj.strata_sharded_state_dict(names, for_load=True)
+                templates[name] = template
+                mine = T.sharded_tensors(template, [name], [])
+                missing = [key for key, _, _ in mine if key not in saved]
+                if strict and missing:
+                    raise _error(f"{len(missing)} tensor(s) of '{name}' missing from checkpoint "
+                                 f"step {reader.step}: {_names(missing)} (strict=False skips "
+                                 "them)", code="NOT_FOUND")
+                for key, dst, box in mine:
+                    if key not in saved:
+                        continue
+                    dtype, shape = saved[key]
+                    if tuple(shape) != box.global_shape:
+                        raise _error(f"tensor '{key}' was saved with global shape {tuple(shape)};"
+                                     f" '{name}' now needs {box.global_shape} (its layout "
+                                     "reshards across data-parallel sizes, not tensor-parallel "
+                                     "ones)")
+                    boxes[key] = (list(box.global_shape), list(box.global_offset))
+                    if (dst.device.type == "cpu" and dst.is_contiguous()
+                            and _TORCH_DTYPES[dtype] == dst.dtype):
+                        tensors[key] = dst.detach()  # filled in place
+                    else:
+                        tmp = torch.empty(dst.shape, dtype=_TORCH_DTYPES[dtype])
+                        tensors[key] = tmp
+                        after.append((dst, tmp))
+                others = {k for k in saved if k.startswith(name + ".")} - {k for k, _, _ in mine}
+                if strict and others and collective:
+                    unasked |= others  # other ranks' pieces, other stages' parameters
             elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(sub):
                 # Keyed by parameter name: this rank's parameters say what to
                 # read, from the manifest (rank 0's structure holds only the
@@ -489,7 +525,7 @@ def _plan_load(reader, state, strict, collective=False):
         shape = list(t.shape)
         glob, offset = boxes.get(key, (shape, [0] * len(shape)))
         targets.append((key, _DTYPES[t.dtype], glob, shape, offset, t.data_ptr()))
-    return targets, tensors, after, tree, unasked
+    return targets, tensors, after, tree, unasked, templates
 
 
 def info(directory, *, step=None):

@@ -59,6 +59,13 @@ __all__ = [
     "ParallelGPT",
     "tp_group",
     "tensor_sharding",
+    "DataParallel",
+    "DataParallelOptions",
+    "BucketMismatchError",
+    "GradientSyncFailed",
+    "ModuleChangedError",
+    "ParameterMismatchError",
+    "UnusedParametersError",
 ]
 
 
@@ -424,4 +431,16 @@ from ._tp_models import (  # noqa: E402
     ParallelMLP,
     ParallelSelfAttention,
     ParallelTransformerBlock,
+)
+
+# Data parallelism (bucketed gradient reduction, ZeRO-1's partner) lives in
+# _data_parallel.py; see its docstring and docs/data-parallel.md.
+from ._data_parallel import (  # noqa: E402
+    BucketMismatchError,
+    DataParallel,
+    DataParallelOptions,
+    GradientSyncFailed,
+    ModuleChangedError,
+    ParameterMismatchError,
+    UnusedParametersError,
 )

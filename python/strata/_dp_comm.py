@@ -1,0 +1,96 @@
+"""The collectives of strata.nn.DataParallel and strata.optim's
+DistributedOptimizer, in one place (private).
+
+Every collective the data-parallel layer issues goes through these
+functions, so that a change of the Group API (its methods are taking
+torch.distributed's names: ``all_reduce``, ``all_gather``, ``broadcast(src=)``)
+touches this file only: each function uses the new name when the group has
+it, else today's.
+
+On CUDA tensors (backend nccl) a bucket's collective runs on a stream of
+the data-parallel layer's own, ordered after the gradients' producer: an
+event recorded on the current stream (autograd's, in a hook) is waited for
+on the side stream before the collective is issued there, and
+:func:`join` makes the current stream wait for the side stream once the
+work is done. On host tensors (mpi, gloo) there are no streams.
+"""
+
+import torch
+
+
+def _method(group, new, old):
+    f = getattr(group, new, None)
+    return f if f is not None else getattr(group, old)
+
+
+class SideStream:
+    """The stream a data-parallel layer's collectives run on for CUDA
+    tensors of ``device``; None-like (no-op) for host tensors."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = None
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(device=self.device)
+
+    def run(self, issue):
+        """Calls ``issue()`` (which starts a collective and returns its Work)
+        on the side stream, after the work queued so far on the current
+        stream (the tensors' producer)."""
+        if self.stream is None:
+            return issue()
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(self.device))
+        self.stream.wait_event(ready)
+        with torch.cuda.stream(self.stream):
+            return issue()
+
+    def join(self):
+        """Orders the current stream after everything issued on the side
+        stream (call after the works were waited for)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+def all_reduce(group, tensor, op, timeout=None):
+    """Starts an in-place all-reduce; returns its Work."""
+    return _method(group, "all_reduce", "allreduce")(tensor, op=op, async_op=True,
+                                                     timeout=timeout)
+
+
+def reduce_scatter(group, output, input, op, timeout=None):
+    """Starts a reduce-scatter of ``input`` (group.size x output elements)
+    into ``output``; returns its Work."""
+    return _method(group, "reduce_scatter_tensor", "reduce_scatter")(
+        output, input, op=op, async_op=True, timeout=timeout)
+
+
+def all_gather(group, output, input, timeout=None):
+    """Starts an all-gather of every rank's ``input`` into ``output`` (in
+    place when ``input`` is this rank's block of ``output``); returns its Work."""
+    return _method(group, "all_gather_into_tensor", "allgather")(
+        output, input, async_op=True, timeout=timeout)
+
+
+def broadcast(group, tensor, src, timeout=None):
+    """Blocking broadcast from group rank ``src``."""
+    if hasattr(group, "all_reduce"):  # torch.distributed's names: broadcast(src=)
+        group.broadcast(tensor, src=src, timeout=timeout)
+    else:
+        group.broadcast(tensor, root=src, timeout=timeout)
+
+
+def all_reduce_now(group, tensor, op, timeout=None):
+    """Blocking all-reduce (small control tensors: digests, flags)."""
+    all_reduce(group, tensor, op, timeout).wait(timeout)
+
+
+def all_gather_now(group, output, input, timeout=None):
+    all_gather(group, output, input, timeout).wait(timeout)
+
+
+def all_to_all_now(group, output, input, output_splits, input_splits, timeout=None):
+    """Blocking all_to_all_single with splits (lists of first-dimension
+    lengths, one per rank)."""
+    group.all_to_all(output, input, output_splits=output_splits, input_splits=input_splits,
+                     timeout=timeout)
