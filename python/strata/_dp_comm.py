@@ -72,25 +72,48 @@ def all_gather(group, output, input, timeout=None):
         output, input, async_op=True, timeout=timeout)
 
 
-def broadcast(group, tensor, src, timeout=None):
-    """Blocking broadcast from group rank ``src``."""
-    if hasattr(group, "all_reduce"):  # torch.distributed's names: broadcast(src=)
-        group.broadcast(tensor, src=src, timeout=timeout)
-    else:
-        group.broadcast(tensor, root=src, timeout=timeout)
+def _staged(group, *tensors):
+    """The tensors as ``group`` takes them: themselves on a host backend, a
+    copy on the current CUDA device for nccl (control data: digests,
+    flags, orders, moved optimizer state)."""
+    if getattr(group, "memory", "host") != "cuda":
+        return tensors
+    return tuple(t.cuda() for t in tensors)
+
+
+def _back(staged, tensors):
+    for s, t in zip(staged, tensors):
+        if s is not t:
+            t.copy_(s)  # synchronises with the stream
 
 
 def all_reduce_now(group, tensor, op, timeout=None):
     """Blocking all-reduce (small control tensors: digests, flags)."""
-    all_reduce(group, tensor, op, timeout).wait(timeout)
+    (t,) = _staged(group, tensor)
+    all_reduce(group, t, op, timeout).wait(timeout)
+    _back((t,), (tensor,))
+
+
+def broadcast(group, tensor, src, timeout=None):
+    """Blocking broadcast from group rank ``src``."""
+    (t,) = _staged(group, tensor)
+    if hasattr(group, "all_reduce"):  # torch.distributed's names: broadcast(src=)
+        group.broadcast(t, src=src, timeout=timeout)
+    else:
+        group.broadcast(t, root=src, timeout=timeout)
+    _back((t,), (tensor,))
 
 
 def all_gather_now(group, output, input, timeout=None):
-    all_gather(group, output, input, timeout).wait(timeout)
+    out, inp = _staged(group, output, input)
+    all_gather(group, out, inp, timeout).wait(timeout)
+    _back((out,), (output,))
 
 
 def all_to_all_now(group, output, input, output_splits, input_splits, timeout=None):
     """Blocking all_to_all_single with splits (lists of first-dimension
     lengths, one per rank)."""
-    group.all_to_all(output, input, output_splits=output_splits, input_splits=input_splits,
+    out, inp = _staged(group, output, input)
+    group.all_to_all(out, inp, output_splits=output_splits, input_splits=input_splits,
                      timeout=timeout)
+    _back((out,), (output,))

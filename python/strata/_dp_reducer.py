@@ -206,7 +206,7 @@ class Reducer:
                     pv.copy_(e.param.data.reshape(-1))
                     e.param.data = pv.view(e.shape)
         self.grad, self.param, self.shard = grad, param, shard
-        self.reduced = False
+        self.reduced = self.fresh = False
 
     def params_in_place(self):
         """The entries whose parameter no longer lives in the flat parameter
@@ -250,6 +250,7 @@ class Reducer:
     def on_grad(self, index):
         e = self.entries[index]
         self.adopt(e)
+        self.fresh = True
         if not self.in_backward:
             self.in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
@@ -316,12 +317,12 @@ class Reducer:
         self.in_backward = False
         self._event("backward_end")
         sync = self.backward_sync
+        unused = [e for e in self.entries if not self.ready[e.index]]
         try:
-            if not self.final:
+            if not self.final:  # (a new layout starts a new pass: ready flags are reset)
                 self._finalize_layout(check_unused=sync and not self.pipeline)
             if not sync:
                 return
-            unused = [e for e in self.entries if not self.ready[e.index]]
             self._launch_rest()
             if self.pipeline:
                 return  # the schedule waits once its step is done
@@ -336,6 +337,8 @@ class Reducer:
         """Starts what is left and waits for every bucket of this pass;
         raises the first failure after waiting for all of them."""
         self.check_failed()
+        if self.reduced and not self.fresh and self._hooks and not self.works:
+            return  # the backward's end reduced them, nothing came since
         if not self.final:
             self._finalize_layout(check_unused=False)
         self._launch_rest()
@@ -352,7 +355,7 @@ class Reducer:
         if error is not None:
             self.failed = f"{type(error).__name__}: {error}"
             raise error
-        self.reduced = True
+        self.reduced, self.fresh = True, False
 
     def check_failed(self):
         if self.failed is not None:
@@ -380,7 +383,7 @@ class Reducer:
         for e in self.entries:
             e.param.grad = self.views[e.index]
         self.failed = None
-        self.reduced = False
+        self.reduced = self.fresh = False
 
     def begin_forward(self):
         self.check_failed()

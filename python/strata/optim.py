@@ -58,7 +58,7 @@ import torch
 from . import _dp_comm as C
 from ._checkpoint_tree import Box
 from ._data_parallel import DataParallelOptions, make_options, resolve_groups
-from ._dp_layout import intersect_pieces
+from ._dp_layout import Layout, intersect_pieces
 from ._dp_reducer import ModuleChangedError, Reducer, check_same_parameters
 from .errors import InvalidArgument
 
@@ -362,11 +362,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         new_of = every.tolist()
         old_all = [{e.index: (lo, hi) for e, lo, hi, _, _ in old_layout.pieces(r, n_old)}
                    for r in range(n_old)]
+        # The new layout as every old rank sees it (a leaving rank too: it
+        # sends its pieces to their new owners).
+        n_new = sum(1 for r in new_of if r >= 0)
         new_all = {}
-        if new_group is not None:
-            lay = reducer.layout
-            new_all = {d: {e.index: (lo, hi) for e, lo, hi, _, _ in lay.pieces(d, new_group.size)}
-                       for d in range(new_group.size)}
+        if n_new:
+            lay = Layout(reducer.entries, old_layout.order, reducer.opts.bucket_bytes, n_new)
+            new_all = {d: {e.index: (lo, hi) for e, lo, hi, _, _ in lay.pieces(d, n_new)}
+                       for d in range(n_new)}
         self._init_state()
         fields = self._fields()
         my_old = {pc.entry.index: pc for pc in mine}
@@ -467,7 +470,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         raise InvalidArgument(f"DistributedOptimizer: state '{field}' of shape "
                                               f"{tuple(t.shape)} is neither a piece nor a scalar")
                     t = t.detach()
-                    t.checkpoint_box = Box((), (), write and pc.lo == 0)
+                    # One writer: tp rank 0's piece holding the first element.
+                    t.checkpoint_box = Box((), (), self._tp_rank == 0 and pc.lo == 0)
                 out[field] = t
             state[key] = out
         self._keys = keys
