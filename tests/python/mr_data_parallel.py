@@ -304,3 +304,21 @@ def test_module_changed_after_wrapping(world):
         m(torch.randn(2, 8, dtype=DTYPE))
     with pytest.raises(snn.ModuleChangedError, match="head.weight"):
         opt.step()
+
+
+def test_reduces_over_dp_cp_when_cp_is_two():
+    """With cp > 1 the group is dp-cp (as Megatron): dp2 x cp2 reduces over
+    all four ranks, each holding a quarter of the batch."""
+    with strata.init(strata.Mesh(4, cp=2), timeout=120) as w:
+        m = snn.DataParallel(mlp(), w, bucket_bytes=1024)
+        group = m.group
+        problems = [] if (group.name, group.size) == ("dp-cp", 4) else [
+            f"reduces over {group.name} of {group.size}"]
+        opt = torch.optim.AdamW(m.parameters(), lr=LR)
+        for step in range(STEPS):
+            x, y = mlp_batch(step)
+            opt.zero_grad()
+            mse(m(local(x, group.rank, 4)), local(y, group.rank, 4)).backward()
+            opt.step()
+        problems += compare(strip(m.named_parameters()), reference_mlp(), TOL, "dp2 x cp2")[0]
+        agree(w, problems)
