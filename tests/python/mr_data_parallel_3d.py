@@ -1,7 +1,8 @@
 """strata.nn.DataParallel with pipeline and tensor parallelism on 8 ranks
 under mpirun: dp2 x pp2 x tp2, one DataParallel per pipeline stage (a
 GPT with sequence parallelism cut in two stages), 20 AdamW steps of
-strata's 1F1B and zero-bubble schedules, with plain AdamW and with ZeRO-1.
+strata's 1F1B schedule with plain AdamW and with ZeRO-1, and of its
+zero-bubble schedule with ZeRO-1.
 Parameters equal, within 1e-6 relative, those of torch's
 DistributedDataParallel (gloo, the same dp groups, the unsharded GPT on
 each dp rank's part of the batch) and of the unsharded GPT trained on the
@@ -57,8 +58,11 @@ def references(world):
     return ref, d.module
 
 
-@pytest.mark.parametrize("schedule_cls", [pipeline.Schedule1F1B, pipeline.ScheduleZeroBubble])
-@pytest.mark.parametrize("zero", [False, True])
+# Zero-bubble reduces after its last W, as it does with plain AdamW: one
+# run of it (with ZeRO-1) keeps the test within a minute on 2 cores.
+@pytest.mark.parametrize("schedule_cls, zero", [(pipeline.Schedule1F1B, False),
+                                                (pipeline.Schedule1F1B, True),
+                                                (pipeline.ScheduleZeroBubble, True)])
 def test_dp2_pp2_tp2_equals_ddp_and_unsharded(world, references, schedule_cls, zero):
     ref, ddp_model = references
     tp, pp, dp = world.group("tp"), world.group("pp"), world.group("dp")
