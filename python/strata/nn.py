@@ -67,4 +67,23 @@ __all__ = [
     "tp_group",
     "tensor_sharding",
     "ShardedParameter",
+    "DataParallel",
+    "DataParallelOptions",
+    "BucketMismatchError",
+    "GradientSyncFailed",
+    "ModuleChangedError",
+    "ParameterMismatchError",
+    "UnusedParametersError",
 ]
+
+# Data parallelism (bucketed gradient reduction, ZeRO-1's partner) lives in
+# _data_parallel.py; see its docstring and docs/data-parallel.md.
+from ._data_parallel import (  # noqa: E402
+    BucketMismatchError,
+    DataParallel,
+    DataParallelOptions,
+    GradientSyncFailed,
+    ModuleChangedError,
+    ParameterMismatchError,
+    UnusedParametersError,
+)

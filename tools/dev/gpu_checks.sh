@@ -19,7 +19,7 @@ nvidia-smi -L || echo "nvidia-smi: no GPU listed"
 cmake --build "$BUILD" --target nccl_gpu_test nccl_library_test nccl_watchdog_test \
   tp_linear_cuda_test tp_gpu_bench _strata
 status=0
-ctest --test-dir "$BUILD" -R 'NcclGpu|NcclApiLoad|NcclRoot|LinearCudaTest|py_nccl$|py_checkpoint$' \
+ctest --test-dir "$BUILD" -R 'NcclGpu|NcclApiLoad|NcclRoot|LinearCudaTest|py_nccl$|py_checkpoint$|py_data_parallel_cuda$' \
   --output-on-failure --timeout 300 || status=1
 export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
 timeout 900 "$PYTHON" benchmarks/run_nccl_busbw.py --build "$BUILD" || status=1
