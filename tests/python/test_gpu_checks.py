@@ -193,3 +193,43 @@ def test_a_dry_run_pretending_a_gpu_lists_why_each_check_skips(tmp_path):
         "NCCL 2.28.9 < 2.30: one rank per GPU only (4 ranks need 4 GPUs, 1 visible)")
     assert checks["bench_tp_gpu"]["reason"].startswith("a dry run; would run on 1 rank: NCCL")
     assert checks["nccl_gpu_test"]["reason"] == "a dry run (--dry-run)"
+
+
+def test_import_puts_a_device_runs_results_into_place(tmp_path, monkeypatch):
+    import io
+    import tarfile
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_util
+    results = tmp_path / "results"
+    results.mkdir()
+    monkeypatch.setattr(gc, "RESULTS_DIR", str(results))
+    monkeypatch.setattr(bench_util, "RESULTS_DIR", str(results))
+    monkeypatch.setattr(bench_util, "RESULTS_MD", str(tmp_path / "RESULTS.md"))
+    out = tmp_path / "out"
+    out.mkdir()
+    doc = {"bench": "staging_gpu", "machine": "m", "command": "c", "rows": [
+        {"case": "2 GiB", "metric": "copy bandwidth", "unit": "GB/s", "strata": 50.0,
+         "peer": "cudaMemcpy", "peer_value": 51.0, "ratio": 0.98, "target": ">= 0.95",
+         "met": True}]}
+    with tarfile.open(out / "gpu_checks_files.tar.gz", "w:gz") as tar:
+        for name, data in (("results/staging_gpu.json", json.dumps(doc)),
+                           ("logs/x.log", "log"), ("results/../../evil.json", "{}")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data.encode()))
+    assert gc.import_results(str(out), print) == 0
+    assert sorted(os.listdir(results)) == ["staging_gpu.json"]
+    assert "| 2 GiB | copy bandwidth | GB/s |" in (tmp_path / "RESULTS.md").read_text()
+    assert gc.import_results(str(tmp_path), print) == 1  # no archive there
+
+
+def test_sonames_are_read_from_the_elf_files(tmp_path):
+    import glob as g
+    libc = [p for p in g.glob("/lib/x86_64-linux-gnu/libc.so.6") + g.glob("/lib64/libc.so.6")]
+    if not libc:
+        pytest.skip("no x86-64 libc.so.6 here")
+    build = importlib.import_module("gpu_checks_build")
+    assert build.elf_soname(libc[0]) == "libc.so.6"
+    (tmp_path / "libfake.so.1").write_text("not an ELF file")
+    assert build.elf_soname(str(tmp_path / "libfake.so.1")) is None
+    assert build._sonames([str(tmp_path)]) == {}

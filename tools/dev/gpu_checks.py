@@ -38,8 +38,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_checks_build import (ROOT, build_info, build_targets, configure, ninja_targets,  # noqa: E402
-                              nvidia_smi_gpus, pack, parse_version, probe, vstr)
+from gpu_checks_build import (ROOT, build_info, build_targets, carried_deps,  # noqa: E402
+                              configure, machine_lacks_deps, ninja_targets, nvidia_smi_gpus,
+                              pack, parse_version, probe, vstr)
 from gpu_checks_run import (RESULTS_DIR, collect, expand, machine, one_line,  # noqa: E402,F401
                             parse_figures, run_check, verdict)
 
@@ -278,6 +279,30 @@ def rot(check, ctx):
     return missing
 
 
+def import_results(folder, log):
+    """The results of a device run (gpu_checks.json and the archive of
+    results/*.json that --out copied) into benchmarks/results/, and
+    RESULTS.md regenerated from them."""
+    import tarfile
+    archive = os.path.join(folder, "gpu_checks_files.tar.gz")
+    if not os.path.exists(archive):
+        log(f"--import: {archive} is missing")
+        return 1
+    with tarfile.open(archive) as tar:
+        names = [m for m in tar.getmembers()
+                 if m.name.startswith("results/") and m.name.endswith(".json") and m.isfile()
+                 and "/" not in m.name[len("results/"):]]
+        for m in names:
+            with tar.extractfile(m) as src, open(os.path.join(RESULTS_DIR,
+                                                              os.path.basename(m.name)), "wb") as f:
+                f.write(src.read())
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import bench_util
+    bench_util.render_results_md()
+    log(f"--import: {len(names)} results into {RESULTS_DIR}; RESULTS.md regenerated")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,8 +323,16 @@ def main():
                     help="fill --carry here (needs apt and PyPI) for the device machine, then exit")
     ap.add_argument("--device-python", default="3.12",
                     help="the device machine's Python version, for --pack (default 3.12)")
+    ap.add_argument("--nccl-source",
+                    help="with --pack: an NCCL source tree to build for --cuda-arch and carry "
+                         "(for a device machine whose torch has NCCL < 2.30)")
+    ap.add_argument("--cuda-arch", default="90",
+                    help="with --pack --nccl-source: the GPU architecture (default 90: Hopper)")
     ap.add_argument("--assume-gpus", type=int, help="a dry run that pretends this many GPUs")
     ap.add_argument("--assume-nccl", help="a dry run that pretends this NCCL version is in use")
+    ap.add_argument("--import", dest="import_dir", metavar="DIR",
+                    help="put the results a device run copied to DIR (its $OUT) into "
+                         "benchmarks/results/ and regenerate RESULTS.md, then exit")
     ap.add_argument("--python", default=os.environ.get("PYTHON", sys.executable))
     args = ap.parse_args()
     started = time.monotonic()
@@ -307,8 +340,11 @@ def main():
     def log(msg):
         print(f"gpu_checks: {msg}", flush=True)
 
+    carry = os.path.abspath(args.carry)
+    if args.import_dir:
+        return import_results(os.path.abspath(args.import_dir), log)
     if args.pack:
-        pack(os.path.abspath(args.carry), args.device_python, log)
+        pack(carry, args.device_python, args.nccl_source, args.cuda_arch, log)
         return 0
     build = os.path.abspath(os.path.join(ROOT, args.build))
     python = args.python
@@ -316,11 +352,17 @@ def main():
     dry = args.dry_run or args.assume_gpus is not None or bool(args.assume_nccl)
     seen = nvidia_smi_gpus()
 
+    # A machine without the build's dependencies and without registries
+    # (the device machine) uses what --pack carried there.
+    dep_args = []
+    if os.path.isdir(carry) and machine_lacks_deps(python):
+        dep_args, dep_env = carried_deps(carry, log)
+        os.environ.update(dep_env)
+
     # The build (in a dry run too: what the checks run must still build).
     build_result = {"status": "pass", "reason": "", "seconds": 0.0, "figures": {}}
     if not args.no_build:
-        ok, msg = configure(build, python, os.path.abspath(args.carry),
-                            0 if dry else seen, log)
+        ok, msg = configure(build, python, dep_args, carry, 0 if dry else seen, log)
         build_result["figures"]["configure"] = msg
         if ok:
             known = ninja_targets(build)
@@ -334,13 +376,27 @@ def main():
             build_result.update(status="fail", reason=msg)
     info = build_info(build)
     found = probe(python, build)
+    nccl = found["nccl"]
+    # An NCCL carried for its multi-rank mode replaces torch's older one in
+    # every process of the checks (LD_PRELOAD: torch's libtorch_cuda.so then
+    # binds to it, and strata uses the copy already loaded).
+    carried_nccl = os.path.join(carry, "nccl", "lib", "libnccl.so.2")
+    if os.path.exists(carried_nccl) and (nccl is None or nccl["version"] is None
+                                         or nccl["version"] < MULTI_RANK_GPU_SINCE):
+        before = vstr(nccl["version"]) if nccl else "unknown"
+        os.environ["LD_PRELOAD"] = carried_nccl + (" " + os.environ["LD_PRELOAD"]
+                                                   if os.environ.get("LD_PRELOAD") else "")
+        found = probe(python, build)
+        nccl = found["nccl"]
+        if nccl:
+            nccl["reason"] = (f"carried by --pack, preloaded (LD_PRELOAD) in every check: the "
+                              f"NCCL torch brings is {before} < 2.30")
     gpus = found["gpus"]
     if gpus == 0 and not dry:
         log("no GPU visible: a dry run (every check listed with why it skips)")
         dry = True
     if args.assume_gpus is not None:
         gpus = args.assume_gpus
-    nccl = found["nccl"]
     if args.assume_nccl:
         nccl = {"version": parse_version(args.assume_nccl), "path": None,
                 "reason": "--assume-nccl", "source": "--assume-nccl"}
@@ -404,13 +460,29 @@ def main():
             print(one_line(name, result), flush=True)
 
     total = time.monotonic() - started
-    doc = {"mode": "dry-run" if dry else "run",
+    # The results file is also a benchmark results file (bench, machine,
+    # command, date, rows: one per check), so RESULTS.md shows the run.
+    rows = [{"case": name + (f" ({r['ranks']} ranks)" if r.get("ranks", 1) > 1 else ""),
+             "metric": r["status"] + (": " + r["reason"].splitlines()[0][:120]
+                                      if r["reason"] else ""),
+             "unit": "s", "strata": r.get("seconds"), "peer": None, "peer_value": None,
+             "ratio": None, "target": None, "met": None}
+            for name, r in results.items()]
+    doc = {"bench": "gpu_checks", "mode": "dry-run" if dry else "run",
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": machine(), "gpus": gpus,
+           "machine": machine(), "command": "tools/dev/gpu_checks.sh " + " ".join(sys.argv[1:]),
+           "notes": (f"The prepared GPU run ({'dry run' if dry else 'run'}): {gpus} GPU(s), NCCL "
+                     f"{vstr(nccl['version']) if nccl else 'unknown'}"
+                     + (f" ({nccl['reason']})" if nccl else "") + "; "
+                     + "; ".join(f"{n} ranks on one GPU: "
+                                 + ("yes" if m["runs"] else m["why_not"])
+                                 for n, m in multi.items())
+                     + f". {total:.0f} s of a {args.budget:.0f} s budget. Per check: its status "
+                     "and the seconds it took; figures in the JSON (checks)."),
+           "rows": rows, "gpus": gpus,
            "nccl": ({"version": vstr(nccl["version"]), "path": nccl.get("path"),
                      "reason": nccl["reason"]} if nccl else None),
            "multi_rank": multi, "budget_s": args.budget, "seconds": round(total, 1),
-           "command": "tools/dev/gpu_checks.sh " + " ".join(sys.argv[1:]),
            "checks": results}
     json_path = os.path.abspath(args.json) if args.json else (
         os.path.join(build, "gpu_checks", "gpu_checks.json") if dry

