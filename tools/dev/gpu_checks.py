@@ -138,23 +138,24 @@ def _checks():
     c.append(_check(
         "bench_staging_gpu", "checkpoint staging GPU -> pinned host against cudaMemcpy into "
         "cudaMallocHost memory", ["{python}", "benchmarks/run_staging_gpu.py", "--build",
-                                  "{build}"], 180, 25, targets=[STAGING_GPU_BENCH],
+                                  "{build}"], 180, 20, targets=[STAGING_GPU_BENCH],
         torch=False, results="staging_gpu"))
     c.append(_check(
         "bench_tp_gpu", "tensor-parallel kernels' throughput against torch.matmul on the same "
         "GPU; the layers on 2 ranks", ["{python}", "benchmarks/run_tp_gpu.py", "--build",
-                                       "{build}", "--ranks", "2"], 300, 60, ranks=2,
+                                       "{build}", "--ranks", "2"], 300, 40, ranks=2,
         targets=[TP_GPU_BENCH], mpirun=True, results="tp_gpu",
         fallback=["{python}", "benchmarks/run_tp_gpu.py", "--build", "{build}", "--ranks", "1"]))
     c.append(_check(
         "bench_nccl_busbw", "NCCL bandwidth, strata against torch.distributed NCCL, same "
         "process, same GPU (one rank: algbw)",
         ["{python}", "benchmarks/run_nccl_busbw.py", "--build", "{build}", "--ranks", "1"], 240,
-        40, targets=[PYTHON_PACKAGE], mpirun=True, results="nccl_busbw"))
+        30, targets=[PYTHON_PACKAGE], mpirun=True, results="nccl_busbw"))
     c.append(_check(
         "bench_pipeline_cpu", "pipeline bubble and step time against "
         "torch.distributed.pipelining on the machine's quiet cores (CPU, Gloo)",
-        ["{python}", "benchmarks/run_pipeline.py", "--build", "{build}"], 360, 150, gpu=False,
+        ["{python}", "benchmarks/run_pipeline.py", "--build", "{build}", "--rounds", "5",
+         "--fixed-ms", "20"], 300, 110, gpu=False,
         targets=[PYTHON_PACKAGE], mpirun=True, results="pipeline"))
     c.append(_check(
         "bench_nccl_busbw_np4", "NCCL busbw on 4 ranks sharing the GPU, strata against "
@@ -190,18 +191,20 @@ def _checks():
          "--sizes", "1M,16M,64M", "--name", "nccl_busbw_np8"], 240, 60, ranks=8,
         targets=[PYTHON_PACKAGE], mpirun=True, results="nccl_busbw_np8"))
     # Work of other issues, run here once it has landed (its files exist).
+    # The elastic issue's demo on NCCL: its script takes --np and exits 0
+    # when the survivors of a killed rank trained on (docs/development.md).
     c.append(_check(
         "elastic_demo_nccl", "the elastic demo on NCCL: a rank killed, the survivors shrink "
         "and keep training (once the elastic issue has landed)",
-        ["tools/run_demo.sh", "--elastic", "--backend", "nccl", "--np", "4"], 300, 90, ranks=4,
-        files=["examples/demo/elastic.py"], targets=[PYTHON_PACKAGE], mpirun=True))
+        ["examples/demo/elastic_nccl.sh", "--np", "4"], 300, 90, ranks=4,
+        files=["examples/demo/elastic_nccl.sh"], targets=[PYTHON_PACKAGE]))
     return c
 
 
 CHECKS = _checks()
 
 
-# ---- the machine ---------------------------------------------------------------
+# ---- what can run here -------------------------------------------------------------
 
 def multi_rank(ranks, gpus, nccl):
     """How `ranks` NCCL ranks run on `gpus` GPUs: (environment, None), or
@@ -242,7 +245,7 @@ def skip_reason(check, ctx):
     if check["gpu"] and ctx["gpus"] == 0:
         return "no GPU visible"
     if check["gpu"] and check["ranks"] > 1 and not check["fallback"]:
-        env, why = multi_rank(check["ranks"], ctx["gpus"], ctx["nccl"])
+        _, why = multi_rank(check["ranks"], ctx["gpus"], ctx["nccl"])
         if why:
             return why
     if check["mpirun"] and not ctx["mpirun"]:
@@ -250,7 +253,6 @@ def skip_reason(check, ctx):
     if check["torch"] and not ctx["torch"]:
         return "torch is not installed (torchrun, the reference)"
     return None
-
 
 
 # ---- main -------------------------------------------------------------------------
@@ -269,9 +271,6 @@ def rot(check, ctx):
     missing = [f"{a} does not exist" for a in check["command"]
                if a.endswith((".py", ".sh")) and not a.startswith("{")
                and not os.path.exists(os.path.join(ROOT, a))]
-    missing += [f"{a.split()[0]} does not exist" for a in check["command"]
-                if a.startswith("tests/") and a.endswith(".py")
-                and not os.path.exists(os.path.join(ROOT, a))]
     info = ctx["build_info"] or {}
     if info.get("cuda") and info.get("nccl") and ctx["known_targets"] is not None:
         missing += [f"target {t} is not defined in {ctx['build']}" for t, _ in check["targets"]

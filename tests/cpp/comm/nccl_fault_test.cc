@@ -502,10 +502,14 @@ json RunScenario(const Args& base, const std::string& scenario) {
       if (failures.empty()) fail(absl::StrCat("rank ", r, " did not finish within 180 s"));
     }
     const std::string out = ReadFile(absl::StrCat(dir, "/rank", r, ".out"));
-    json report;
-    const size_t line = out.rfind('{');
-    if (line != std::string::npos) report = json::parse(out.substr(line), nullptr, false);
-    if (report.is_discarded() || report.is_null()) report = json::object();
+    // The rank's report is its last line that is a JSON object.
+    json report = json::object();
+    std::istringstream lines(out);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.empty() || line[0] != '{') continue;
+      json parsed = json::parse(line, nullptr, false);
+      if (!parsed.is_discarded()) report = parsed;
+    }
     report["exit"] = code;
     if (code != 0 && code >= 0) {
       fail(absl::StrCat("rank ", r, ": ",
