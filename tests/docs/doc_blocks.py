@@ -21,11 +21,14 @@ blocks of one page with the same ``session`` are joined, in page order, into
 one script, as doctest joins the examples of one docstring: a page that
 builds ``world`` in one block uses it in the next. One block of a session
 (the last, by convention) carries the session's ``ranks``/``torchrun``.
-Blocks with the same ``file=`` are joined in page order into that file (a
+A python block written as an interactive session (``>>>`` prompts) runs
+as a doctest: its output must be what the page shows (whitespace
+normalised, ``...`` matching anything). Blocks with the same ``file=`` are joined in page order into that file (a
 program shown in parts).
 
 Blocks run in a fresh directory (the files of ``file=`` blocks of the page
-are written there), with the environment docs/getting-started.md tells a
+are written there; HOME is a fresh directory too, so that what a page
+writes under ~ stays there), with the environment docs/getting-started.md tells a
 reader to set: PYTHONPATH holding the build's Python package; as root, Open
 MPI's consent through its environment variables (OMPI_ALLOW_RUN_AS_ROOT),
 so that commands run as the page writes them.
@@ -163,6 +166,12 @@ def problems(block):
     if block.is_python and sum(map(bool, (block.run, block.ranks, block.torchrun))) > 1:
         return f"{block.id}: run, ranks= and torchrun= exclude each other"
     return None
+
+
+def is_doctest(block):
+    """A python block written as an interactive session (``>>>`` prompts):
+    it runs as a doctest, its output compared with what the page shows."""
+    return block.is_python and block.body.lstrip().startswith(">>> ")
 
 
 def shell_commands(body):

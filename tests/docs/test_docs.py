@@ -15,6 +15,7 @@ annotations and of the parser always cover every page.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -121,6 +122,16 @@ def test_every_block_runs_or_says_why():
     assert not found, "\n".join(found)
 
 
+def test_skips_that_point_to_a_tested_block_point_to_one():
+    # "same commands as docs/x.md:46, tested there": that block must exist and run.
+    blocks = {b.id: b for b in D.all_blocks()}
+    for b in blocks.values():
+        for ref in re.findall(r"\b((?:README\.md|docs/[\w.-]+\.md):\d+)\b", b.skip):
+            other = blocks.get(ref)
+            assert other is not None, f"{b.id}: its skip reason names {ref}, which is not a block"
+            assert not other.skip, f"{b.id}: its skip reason names {ref}, which is skipped too"
+
+
 def test_sessions_declare_their_launcher_once():
     for page in D.pages():
         launchers = {}
@@ -135,12 +146,20 @@ def test_sessions_declare_their_launcher_once():
 def test_block_runs_as_written(tmp_path, uid, page, blocks):
     _write_files(page, tmp_path)
     env = _env()
+    # What a page puts under ~ (`mkdir -p ~/first-job`) stays in the test's directory.
+    env["HOME"] = str(tmp_path / "home")
+    os.makedirs(env["HOME"])
     first = blocks[0]
     if first.is_python:
         launcher = next((b for b in blocks if b.ranks or b.torchrun), first)
         script = tmp_path / "doc_block.py"
-        script.write_text("".join(
-            f"# ---- {b.id}\n{b.body}" for b in blocks), encoding="utf-8")
+        if D.is_doctest(first):
+            # An interactive session (`>>>` lines): its output is compared, as doctest does.
+            script.write_text(_DOCTEST.format(text=repr(first.body), name=repr(first.id)),
+                              encoding="utf-8")
+        else:
+            script.write_text("".join(
+                f"# ---- {b.id}\n{b.body}" for b in blocks), encoding="utf-8")
         _run(_launch(launcher, str(script)), str(tmp_path), env,
              max(b.timeout for b in blocks), f"{uid} ({' + '.join(b.id for b in blocks)})")
         return
@@ -153,6 +172,14 @@ def test_block_runs_as_written(tmp_path, uid, page, blocks):
         lines.append(f"echo {_quote('+ ' + cmd)} >&2")
         lines.append(cmd)
     _run("\n".join(lines), cwd, env, first.timeout, f"{uid}")
+
+
+_DOCTEST = """import doctest, sys
+test = doctest.DocTestParser().get_doctest({text}, {{}}, {name}, {name}, 0)
+runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+runner.run(test)
+sys.exit(1 if runner.failures else 0)
+"""
 
 
 def _quote(s):
@@ -223,6 +250,16 @@ def test_file_blocks_of_one_name_are_joined_in_page_order(tmp_path, monkeypatch)
     _write_files("p.md", str(out))
     assert (out / "main.cc").read_text() == "int a;\nint b;\n"
     assert (out / "CMakeLists.txt").read_text() == "project(x)\n"
+
+
+def test_an_interactive_session_is_compared_with_its_output(tmp_path):
+    good = D.Block(page="p.md", line=1, lang="python", run=True,
+                   body=">>> sorted({'b': 1, 'a': 2})\n['a',\n 'b']\n")
+    bad = D.Block(page="p.md", line=9, lang="python", run=True, body=">>> 1 + 1\n3\n")
+    assert D.is_doctest(good) and not D.is_doctest(D.Block("p.md", 1, "python", "x = 1\n"))
+    test_block_runs_as_written(tmp_path / "good", "p.md:1", "README.md", [good])
+    with pytest.raises(AssertionError, match="p.md:9"):
+        test_block_runs_as_written(tmp_path / "bad", "p.md:9", "README.md", [bad])
 
 
 def test_pages_are_selected_by_name(monkeypatch):
