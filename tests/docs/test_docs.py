@@ -117,6 +117,13 @@ def _write_files(page, where):
             f.write(text)
 
 
+def test_selected_pages_have_blocks_to_run():
+    # A page's test that runs nothing would pass without testing anything.
+    if os.environ.get("STRATA_DOCS_PAGES"):
+        assert UNITS, (f"STRATA_DOCS_PAGES={os.environ['STRATA_DOCS_PAGES']}: these pages have "
+                       "no block to run (all skipped or file=); drop the test or the skips")
+
+
 def test_every_block_runs_or_says_why():
     found = [p for p in (D.problems(b) for b in D.all_blocks()) if p]
     assert not found, "\n".join(found)
