@@ -264,6 +264,11 @@ class STRATA_EXPORT Communicator {
   // Stops this rank's use of the communicator in bounded time: pending Work
   // fails with Aborted, later calls fail with FailedPrecondition. Peers are
   // not told (see Revoke). Safe to call from any thread, and more than once.
+  // Once a receive's Work has failed (Abort, Revoke, its deadline) its
+  // buffer may be freed: nothing arriving later is written into it. MPI
+  // cannot cancel a collective, so on MPI a failed collective's buffers
+  // may still be written until MPI completes it; keep them alive, or end
+  // the job's use of MPI.
   absl::Status Abort();
   // Makes pending and future operations fail with Aborted on every rank of
   // the group (ULFM MPIX_Comm_revoke, ncclCommRevoke), so survivors stop

@@ -461,6 +461,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoRecv(Buffer buffer, int
       expected.push_back(n);
       return absl::OkStatus();
     });
+    o.cancel_on_failure = true;
     // A shorter message than the buffer is not an MPI error; it is ours.
     const std::string description = o.description();
     const DataType dtype = buffer.dtype;
