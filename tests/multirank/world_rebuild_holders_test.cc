@@ -110,6 +110,20 @@ TEST_F(WorldRebuildHoldersTest, CheckpointerAndLayersFollowOrRefuse) {
   co.directory = dir.path();
   co.split_from = whole;
   co.commit_timeout = absl::Seconds(120);
+  {
+    // A World's group is training's: not the checkpointer's own.
+    CheckpointOptions bad = co;
+    bad.split_from = GroupHandle();
+    bad.group = whole;
+    absl::Status s = Checkpointer::Create(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(
+        absl::StrContains(s.message(), "CheckpointOptions::group is group 'world' of a World"))
+        << s;
+    bad.split_from = whole;
+    s = Checkpointer::Create(bad).status();
+    EXPECT_TRUE(absl::StrContains(s.message(), "not both")) << s;
+  }
   STRATA_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Create(co));
   STRATA_ASSERT_OK(SaveRow(*ckpt, 1, "before", 8, rank()));
   LoadOptions lo;
