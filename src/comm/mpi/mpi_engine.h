@@ -170,6 +170,11 @@ class Op {
   // Complete.
   std::shared_ptr<observe::OpTrace> trace;
 
+  // Keeps `holder` until the op is destroyed, i.e. until nothing (the
+  // engine, the runtime at exit) keeps it for requests MPI may still
+  // complete (Work::KeepBuffersAlive). Thread-safe.
+  void Keep(std::shared_ptr<void> holder);
+
  private:
   friend class Engine;
   const std::string description_;
@@ -181,6 +186,7 @@ class Op {
   std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
+  std::vector<std::shared_ptr<void>> kept_;  // guarded by mu_
   // Engine thread only.
   bool retired_ = false;
   bool mpi_done_ = false;
