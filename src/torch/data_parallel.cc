@@ -184,7 +184,7 @@ struct DataParallel::State {
 
   absl::Status ResolveGroup() {
     absl::StatusOr<Communicator*> c = handle.Resolve();
-    if (!c.ok()) return internal::Annotate(c.status(), "DataParallel");
+    if (!c.ok()) return ::strata::internal::Annotate(c.status(), "DataParallel");
     group = *c;
     return absl::OkStatus();
   }
