@@ -176,6 +176,17 @@ class STRATA_EXPORT Work {
   virtual absl::StatusOr<bool> Test() = 0;
   // "allreduce(sum, 1048576 x fp32) on group tp (rank 1 of 2, world rank 3)".
   virtual std::string Describe() const = 0;
+
+  // For the owner of an operation's buffers once the communicator that
+  // started it was destroyed (with the operation failed or abandoned): keeps
+  // `holder` (what keeps the buffers alive) as long as the backend may still
+  // read or write them, then releases it, on whatever thread lets go last.
+  // Backends whose destruction ends every use of the buffers (their threads
+  // joined, their streams synchronised: Gloo, NCCL, the test doubles)
+  // release it at once, which this default does. MPI cannot cancel a
+  // collective: an operation whose requests are still pending keeps it
+  // until MPI completes them or the process exits.
+  virtual void KeepBuffersAlive(std::shared_ptr<void> holder) { holder.reset(); }
 };
 
 class STRATA_EXPORT Communicator {

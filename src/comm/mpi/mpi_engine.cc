@@ -152,6 +152,11 @@ bool Op::done() const {
   return done_;
 }
 
+void Op::Keep(std::shared_ptr<void> holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kept_.push_back(std::move(holder));
+}
+
 absl::Status Op::Wait(absl::Time deadline) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -181,6 +181,11 @@ class Op {
   // cancelling it, for cancel_on_failure); false if it is done already.
   bool RequestFailure(const absl::Status& status);
 
+  // Keeps `holder` until the op is destroyed, i.e. until nothing (the
+  // engine, the runtime at exit) keeps it for requests MPI may still
+  // complete (Work::KeepBuffersAlive). Thread-safe.
+  void Keep(std::shared_ptr<void> holder);
+
  private:
   friend class Engine;
   const std::string description_;
@@ -194,6 +199,7 @@ class Op {
   absl::Status status_;
   // Set by RequestFailure (under mu_), taken by the engine thread.
   std::optional<absl::Status> failure_request_;
+  std::vector<std::shared_ptr<void>> kept_;  // guarded by mu_
   // Engine thread only.
   bool retired_ = false;
   bool mpi_done_ = false;
