@@ -491,8 +491,9 @@ def test_tensors_of_a_failed_operation_are_released_with_their_world(world):
 def test_a_dropped_work_keeps_its_tensor_until_the_operation_ends(world):
     """A receive whose Work is dropped while it is in flight keeps its
     tensor (MPI writes into it later): freed once the receive completed;
-    when it never completes, kept even after its world is destroyed (MPI
-    cannot cancel it, so freeing it would let MPI write into freed memory)."""
+    when it never completes, kept until its world is destroyed, which
+    cancels the receive (MPI_Cancel: MPI then no longer writes into it),
+    and freed then."""
     if world.group().backend != "mpi":
         pytest.skip("MPI's pending receives (Gloo's are released with their communicator)")
     problems = []
@@ -516,9 +517,14 @@ def test_a_dropped_work_keeps_its_tensor_until_the_operation_ends(world):
             time.sleep(0.02)
         if ref() is not None:
             problems.append("the tensor of a completed receive is still kept")
-        side.destroy()
         if never_ref() is None:
-            problems.append("the tensor of a receive MPI may still complete was freed")
+            problems.append("the tensor of a receive in flight was freed before its world")
+        side.destroy()
+        deadline = time.monotonic() + 10  # released on the main thread (a pending call)
+        while never_ref() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if never_ref() is not None:
+            problems.append("the tensor of a receive cancelled with its world is still kept")
     else:
         side.destroy()
     agree(world, problems)
