@@ -142,6 +142,7 @@ bool Op::RequestFailure(const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return false;
     if (!failure_request_) failure_request_ = status;
+    has_failure_request_.store(true, std::memory_order_release);
   }
   wakeup_->Kick();
   return true;
@@ -387,7 +388,7 @@ bool Engine::Pass(const std::vector<std::shared_ptr<Op>>& ops) {
       continue;
     }
     std::optional<absl::Status> failure;
-    {
+    if (op->has_failure_request_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lock(op->mu_);
       failure.swap(op->failure_request_);
     }

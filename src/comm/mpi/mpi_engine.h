@@ -35,6 +35,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -199,6 +200,9 @@ class Op {
   absl::Status status_;
   // Set by RequestFailure (under mu_), taken by the engine thread.
   std::optional<absl::Status> failure_request_;
+  // Whether failure_request_ is set: read by the engine on every pass
+  // without taking mu_.
+  std::atomic<bool> has_failure_request_{false};
   std::vector<std::shared_ptr<void>> kept_;  // guarded by mu_
   // Engine thread only.
   bool retired_ = false;
