@@ -61,18 +61,20 @@ ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOpti
   config.store = store_;
   config.options = options_;
   config.rank = rank_;
-  config.on_alarm = [this](const Detection& d) { OnAlarm(d); };
+  config.on_alarm = [this](const Detection& d, uint64_t epoch) { OnAlarm(d, epoch); };
   monitor_ = std::make_unique<HeartbeatMonitor>(std::move(config));
   monitor_->Watch(membership_);
 }
 
 ElasticLoop::~ElasticLoop() { monitor_->Stop(); }
 
-void ElasticLoop::OnAlarm(const Detection& alarm) {
+void ElasticLoop::OnAlarm(const Detection& alarm, uint64_t epoch) {
   // Every communicator of this rank fails now, so that a step blocked in a
   // collective returns; and the step being voted on cannot commit.
+  std::lock_guard<std::mutex> lock(epoch_mu_);
+  if (epoch != epoch_.load()) return;  // the loop has moved on
   hooks_.abort_all();
-  commit_->Abort(current_step_.load());
+  commit_->Abort(epoch, current_step_.load());
 }
 
 bool ElasticLoop::alarmed() const { return monitor_->alarm().has_value(); }
@@ -230,15 +232,21 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   }
   if (!Contains(next.members, rank_)) {
     event.leaves = true;
+    std::lock_guard<std::mutex> lock(epoch_mu_);
     membership_ = next;  // no longer a member: the monitor keeps its last epoch
+    epoch_.store(next.epoch);
     return Recovery{Outcome::kLeave, std::move(event)};
   }
 
   // From here on this rank belongs to the next epoch: a failure during the
   // regroup is that epoch's alarm.
-  membership_ = next;
+  {
+    std::lock_guard<std::mutex> lock(epoch_mu_);
+    membership_ = next;
+    epoch_.store(next.epoch);
+    STRATA_RETURN_IF_ERROR(commit_->Start(next));
+  }
   monitor_->Watch(next);
-  STRATA_RETURN_IF_ERROR(commit_->Start(next));
   auto regroup_failed = [&](const absl::Status& s, absl::string_view what) {
     Detection d;
     d.source = DetectionSource::kBackend;

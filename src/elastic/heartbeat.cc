@@ -145,7 +145,7 @@ void HeartbeatMonitor::OnAlarm(Epoch& epoch, const Detection& alarm) {
     epoch.alarm = alarm;
     epoch.known_at = absl::Now();
   }
-  if (config_.on_alarm) config_.on_alarm(alarm);
+  if (config_.on_alarm) config_.on_alarm(alarm, epoch.membership.epoch);
   std::lock_guard<std::mutex> lock(mu_);
   (void)CheckInLocked(epoch, {});
 }

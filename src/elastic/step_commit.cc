@@ -67,14 +67,14 @@ class StoreStepCommit final : public StepCommit {
     return *v == kCommit;
   }
 
-  void Abort(int64_t step) override {
-    std::optional<internal::Keys> keys;
+  void Abort(uint64_t epoch, int64_t step) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      keys = keys_;
+      if (epoch != epoch_) return;
     }
-    if (!keys.has_value()) return;
-    (void)store_->CompareSet(keys->Step(step), "", kAbort,
+    // Keys of `epoch`: a late abort of an epoch that ended writes where
+    // nobody reads.
+    (void)store_->CompareSet(internal::Keys(options_.job, epoch).Step(step), "", kAbort,
                              absl::Now() + options_.heartbeat_timeout);
   }
 

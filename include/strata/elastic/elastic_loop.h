@@ -152,7 +152,13 @@ class STRATA_EXPORT ElasticLoop {
  private:
   ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
               ElasticHooks hooks);
-  void OnAlarm(const Detection& alarm);
+  void OnAlarm(const Detection& alarm, uint64_t epoch);
+  // The epoch this rank is in (membership_.epoch), for the monitor's thread.
+  std::atomic<uint64_t> epoch_{1};
+  // Held by OnAlarm while it aborts the World, and by the loop while it
+  // moves to a new epoch: an alarm of an epoch that ended never aborts the
+  // World of the next.
+  std::mutex epoch_mu_;
   absl::StatusOr<Recovery> RecoverOnce(int attempt, absl::Time started);
 
   World& world_;

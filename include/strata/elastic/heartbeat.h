@@ -59,8 +59,9 @@ class STRATA_EXPORT HeartbeatMonitor {
     ElasticOptions options;
     int rank = 0;  // this rank's job rank
     // Called once per epoch when the epoch's alarm is first seen (or when
-    // the store cannot be reached).
-    std::function<void(const Detection&)> on_alarm;
+    // the store cannot be reached), with the epoch it is about: by then
+    // the caller may have moved on to a later epoch.
+    std::function<void(const Detection&, uint64_t epoch)> on_alarm;
   };
 
   // Starts the thread; it watches nothing until Watch().

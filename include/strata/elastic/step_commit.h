@@ -46,8 +46,9 @@ class STRATA_EXPORT StepCommit {
   // rank otherwise. An error (the store unreachable, `commit_timeout`
   // passed) names what it waited for.
   virtual absl::StatusOr<bool> Vote(int64_t step, bool ok) = 0;
-  // Makes the vote of `step` abort (the alarm came), from any thread.
-  virtual void Abort(int64_t step) = 0;
+  // Makes the vote of `step` of `epoch` abort (the epoch's alarm came),
+  // from any thread; nothing when `epoch` is over.
+  virtual void Abort(uint64_t epoch, int64_t step) = 0;
   virtual const char* name() const = 0;
 };
 
