@@ -22,6 +22,7 @@ from .errors import (
     TimeoutError,
     Aborted,
     TopologyError,
+    ElasticError,
 )
 
 __version__ = _build_info()["version"]
@@ -71,6 +72,7 @@ __all__ = [
     "CheckpointError",
     "PipelineError",
     "TopologyError",
+    "ElasticError",
 ]
 
 
