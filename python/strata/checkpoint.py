@@ -405,6 +405,10 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     for name, obj in list(state.items()):
         if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
             continue
+        if name in plan.templates:
+            obj.strata_load_sharded_state_dict(plan.templates[name],
+                                               _decode(tree[name], plan.loaded()))
+            continue
         if isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(tree[name]):
             obj.load_state_dict(T.load_named_optimizer(obj, T.param_names(state), tree[name],
                                                        tensors, name))
@@ -457,6 +461,8 @@ class _LoadPlan:
         self.boxes = {}    # key -> (global shape, offset) of a shard; absent: whole
         self.after = []    # (destination, cpu tensor) copies after the load
         self.given = {}    # key -> the tensor of `state` it loads into
+        # entry -> what its strata_sharded_state_dict gave, filled by the load
+        self.templates = {}
         self._shard_counts = None
         if state is None:
             for key in _tensor_keys(self.tree, []):
@@ -473,6 +479,8 @@ class _LoadPlan:
                 self._module_or_tensor(name, obj)
             elif name not in self.tree:
                 continue
+            elif callable(getattr(obj, "strata_sharded_state_dict", None)):
+                self._self_sharded(name, obj, names)
             elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(self.tree[name]):
                 self._named_optimizer(name, obj, names)
             elif isinstance(obj, (dict, list, tuple)):
@@ -589,6 +597,38 @@ class _LoadPlan:
         for key in want_keys:
             if key in self.saved:
                 self._into(key, flat.tensors[key], flat.specs.get(key))
+
+    def _self_sharded(self, name, obj, names):
+        """An object that lays out its own shards
+        (strata.optim.DistributedOptimizer): its current layout says which
+        box of each tensor to read."""
+        template = obj.strata_sharded_state_dict(names, for_load=True)
+        self.templates[name] = template
+        mine = T.sharded_tensors(template, [name], [])
+        missing = [key for key, _, _ in mine if key not in self.saved]
+        if self.strict and missing:
+            raise _error(f"{len(missing)} tensor(s) of '{name}' missing from checkpoint "
+                         f"step {self.reader.step}: {_names(missing)} (strict=False skips them)",
+                         code="NOT_FOUND")
+        for key, dst, box in mine:
+            if key not in self.saved:
+                continue
+            dtype, shape = self.saved[key]
+            if tuple(shape) != box.global_shape:
+                raise _error(f"tensor '{key}' was saved with global shape {tuple(shape)}; "
+                             f"'{name}' now needs {box.global_shape} (its layout reshards "
+                             "across data-parallel sizes, not tensor-parallel ones)")
+            self.boxes[key] = (list(box.global_shape), list(box.global_offset))
+            if (dst.device.type == "cpu" and dst.is_contiguous()
+                    and _TORCH_DTYPES[dtype] == dst.dtype):
+                self.tensors[key] = dst.detach()  # filled in place
+            else:
+                tmp = torch.empty(dst.shape, dtype=_TORCH_DTYPES[dtype])
+                self.tensors[key] = tmp
+                self.after.append((dst, tmp))
+        others = {k for k in self.saved if k.startswith(name + ".")} - {k for k, _, _ in mine}
+        if self.strict and others and self.collective:
+            self.unasked |= others  # other ranks' pieces, other stages' parameters
 
     def _named_optimizer(self, name, obj, names):
         # Keyed by parameter name: this rank's parameters say what to read,

@@ -164,3 +164,10 @@ def test_a_block_without_a_way_to_run_it_is_reported(tmp_path, monkeypatch):
     assert [b.lang for b in blocks] == ["cpp", "json"]
     assert "p.md:2" in D.problems(blocks[0])
     assert D.problems(blocks[1]) is None
+
+
+def test_readme_script_is_the_quickstart_example():
+    block = next(b for b in D.blocks_of("README.md") if b.file == "train.py")
+    with open(os.path.join(D.ROOT, "examples", "quickstart", "train.py"), encoding="utf-8") as f:
+        assert block.body == f.read(), ("README.md's train.py and examples/quickstart/train.py "
+                                        "differ: keep them the same")

@@ -130,6 +130,8 @@ bool Op::Complete(const absl::Status& status) {
     if (done_) return false;
     done_ = true;
     status_ = status;
+    // Under the lock: whoever sees the operation done sees it recorded.
+    if (trace != nullptr) trace->Completed(status);
   }
   cv_.notify_all();
   return true;

@@ -29,7 +29,7 @@
 // built with ThreadSanitizer, which then cannot see absl::Mutex's ordering.
 //
 // Thread-safety: Engine, Op and CommState are thread-safe; Op::requests,
-// Op::finish and Op::scratch are written by the starting thread before
+// Op::finish, Op::scratch and Op::trace are written by the starting thread before
 // Submit and used only by the engine thread afterwards.
 #pragma once
 
@@ -52,6 +52,7 @@
 #include "comm/common/health.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "strata/comm/backend.h"
+#include "strata/observe/op_record.h"
 
 namespace strata::mpi {
 
@@ -82,9 +83,7 @@ class CommState {
   // Serialises the starting of operations, so that MPI sees them in the
   // order of the engine's queue; held while an operation is started.
   std::mutex& issue_mu() { return issue_mu_; }
-  // Counts Split and Shrink calls, for message tags and child uids
-  // (guarded by issue_mu).
-  int next_shrink_seq() { return shrink_seq_++; }
+  // Counts Split calls, for child uids (guarded by issue_mu).
   int next_split_seq() { return split_seq_++; }
   // "r3f9a.../s0c1/k0": the root's random id (from rank 0), then one step
   // per split (sequence number and color) and shrink (sequence number).
@@ -113,7 +112,6 @@ class CommState {
   int world_rank_ = 0;
   std::mutex issue_mu_;
   const std::string uid_;
-  int shrink_seq_ = 0;
   int split_seq_ = 0;
   comm_internal::CommHealth health_;
 };
@@ -168,6 +166,9 @@ class Op {
   // staging copies).
   std::vector<std::vector<char>> scratch;
   std::vector<std::vector<int>> int_scratch;
+  // The operation's record (null unless a sink records it): completed by
+  // Complete.
+  std::shared_ptr<observe::OpTrace> trace;
 
  private:
   friend class Engine;

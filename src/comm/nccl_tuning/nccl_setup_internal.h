@@ -2,11 +2,11 @@
 #pragma once
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 
 // Forgets that this process applied a profile, so a test can run the first
 // call again. Does not undo environment variables already set.
 void ResetNcclSetupForTesting();
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 }  // namespace strata

@@ -6,7 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "comm/topology/nccl_setup_internal.h"
+#include "comm/nccl_tuning/nccl_setup_internal.h"
+#include "strata/base/settings.h"
 #include "strata/base/status.h"
 #include "strata/comm/nccl_profile.h"
 
@@ -34,17 +35,12 @@ ProcessSetup& Process() {
   return *setup;
 }
 
-// STRATA_NCCL_PROFILE: unset or 1 applies the profile, 0 opts out; anything
-// else is rejected rather than guessed.
+// The caller's apply_profile, and STRATA_NCCL_PROFILE (a boolean setting:
+// unset applies the profile, 0 opts out, anything but a boolean is rejected
+// rather than guessed).
 absl::StatusOr<bool> OptedOut(const NcclCommSetupOptions& options) {
-  const char* env = std::getenv("STRATA_NCCL_PROFILE");
-  if (env != nullptr && std::string(env) != "0" && std::string(env) != "1") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("STRATA_NCCL_PROFILE='", env,
-                     "' is not 0 (leave NCCL's settings alone) or 1 (apply "
-                     "strata's NCCL profile)"));
-  }
-  return !options.apply_profile || (env != nullptr && std::string(env) == "0");
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromEnvironment());
+  return !options.apply_profile || !settings.nccl_profile;
 }
 
 void Log(const NcclCommSetupOptions& options, const std::string& line) {
@@ -57,7 +53,7 @@ void Log(const NcclCommSetupOptions& options, const std::string& line) {
 
 }  // namespace
 
-namespace topology_internal {
+namespace nccl_tuning_internal {
 void ResetNcclSetupForTesting() {
   ProcessSetup& p = Process();
   absl::MutexLock lock(&p.mu);
@@ -66,7 +62,7 @@ void ResetNcclSetupForTesting() {
   p.env_set.clear();
   p.applied = false;
 }
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 
 absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions& options) {
   ProcessSetup& proc = Process();

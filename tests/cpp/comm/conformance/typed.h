@@ -1,4 +1,5 @@
-// Typed buffers and exact references for collective tests.
+// Typed buffers and exact references for collective tests (the conformance
+// suite and the multirank tests).
 //
 // Inputs are small integers (or +-1 and 2 for products), so every sum,
 // product, min and max is exact in every dtype, including fp16, bf16 and

@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "comm/topology/nccl_lint_internal.h"
+#include "comm/nccl_tuning/nccl_lint_internal.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 
 void LintContext::Add(Severity severity, const Setting& s, std::string rule, std::string message,
                       std::string fix) const {
@@ -42,11 +42,11 @@ int64_t LintContext::IntOr(const char* name, int64_t fallback) const {
   return p.digits && !p.overflow ? p.value : fallback;
 }
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 
 namespace {
 
-using topology_internal::LintContext;
+using nccl_tuning_internal::LintContext;
 
 std::string Ver(int code) { return NcclVersion::FromCode(code).ToString(); }
 
@@ -194,7 +194,7 @@ void CheckName(const LintContext& ctx, const Setting& s) {
                          "change or vanish in any release"),
             "keep it only with a reason written next to it");
   }
-  topology_internal::CheckValue(ctx, s, *var);
+  nccl_tuning_internal::CheckValue(ctx, s, *var);
   if (s.name == "NCCL_IB_GID_INDEX" && v >= NcclVersion{2, 21, 0} &&
       ctx.IntOr("NCCL_IB_GID_INDEX", -1) >= 0 && !PureInfiniBand(ctx.options.topology)) {
     ctx.Add(Severity::kWarning, s, "pinned-gid",

@@ -10,7 +10,7 @@
 #include "strata/comm/nccl_lint.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 
 // strtoll(text, &end, 0) as NCCL calls it (src/misc/param.cc), spelled out so
 // the lint can say what NCCL makes of a value.
@@ -44,5 +44,5 @@ struct LintContext {
 // Value checks for one known variable.
 void CheckValue(const LintContext& ctx, const Setting& s, const NcclVarInfo& var);
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 }  // namespace strata

@@ -1,5 +1,5 @@
 // Lookup and near-miss suggestions over the NCCL variable table.
-#include "comm/topology/nccl_vars.h"
+#include "comm/nccl_tuning/nccl_vars.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -63,16 +63,7 @@ const std::vector<KnownName>& KnownNames() {
 
 }  // namespace
 
-absl::Span<const NcclVarInfo> NcclVariables() {
-  // Built once from the two constant halves; immutable afterwards.
-  static const std::vector<NcclVarInfo>* const all = [] {
-    auto* v = new std::vector<NcclVarInfo>();
-    for (const NcclVarInfo& r : topology_internal::DocumentedNcclVars()) v->push_back(r);
-    for (const NcclVarInfo& r : topology_internal::InternalNcclVars()) v->push_back(r);
-    return v;
-  }();
-  return *all;
-}
+absl::Span<const NcclVarInfo> NcclVariables() { return nccl_tuning_internal::NcclVarTable(); }
 
 const NcclVarInfo* FindNcclVariable(absl::string_view name) {
   for (const NcclVarInfo& v : NcclVariables()) {

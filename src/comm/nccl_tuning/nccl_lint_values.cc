@@ -1,6 +1,6 @@
 // Value checks of the NCCL lint: what NCCL makes of each value, by type, and
 // the ranges and quirks its source and documentation state (see the rows of
-// nccl_vars_documented.cc for where each fact comes from).
+// nccl_vars.tsv for where each fact comes from).
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -12,10 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "comm/topology/nccl_lint_internal.h"
+#include "comm/nccl_tuning/nccl_lint_internal.h"
 
 namespace strata {
-namespace topology_internal {
+namespace nccl_tuning_internal {
 namespace {
 
 bool EqualsAny(absl::string_view value, absl::string_view values, bool case_sensitive,
@@ -314,7 +314,7 @@ void CheckValue(const LintContext& ctx, const Setting& s, const NcclVarInfo& var
   }
 }
 
-}  // namespace topology_internal
+}  // namespace nccl_tuning_internal
 
 absl::Duration IbFailureDetectionTime(int64_t timeout, int64_t retry_cnt) {
   if (timeout <= 0 || timeout >= 32) return absl::InfiniteDuration();
