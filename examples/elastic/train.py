@@ -14,13 +14,14 @@ lost the rank leave with status 0; the job exits 0.
 
 The mesh is dp x tp x pp from the flags (default: tp 2, dp from the world
 size: dp4 x tp2 on 8 ranks). The model is an MLP of residual blocks, each a
-column- then a row-parallel linear layer over tp (strata.nn); with pp > 1
-the blocks are split into pipeline stages run by strata.pipeline's 1F1B
-schedule. The data is a synthetic regression set; each step takes a global
+column- then a row-parallel linear layer over tp (strata.nn), wrapped in
+strata.nn.DataParallel; with pp > 1 the blocks are split into pipeline
+stages run by strata.pipeline's 1F1B schedule. The data is a synthetic regression set; each step takes a global
 batch of ``--batch`` samples from strata.elastic.ElasticSampler, split over
 the data-parallel replicas there are now (the global batch is kept when dp
-shrinks), and the gradients are summed over dp with one all-reduce, so the
-update is the mean over the global batch whatever dp is.
+shrinks), and DataParallel sums the gradients over dp, so the update is the
+mean over the global batch whatever dp is. After a recovery
+strata.elastic.run rebuilds the DataParallel on the new dp group.
 
 Rank 0 prints one JSON line per completed step ({"event": "step", "step",
 "loss", "world", "dp", "time"}) and one per recovery ({"event": "recovery",
@@ -57,6 +58,8 @@ def parse(argv=None):
     p.add_argument("--hidden", type=int, default=64, help="width of the residual stream")
     p.add_argument("--layers", type=int, default=4, help="residual blocks (split over pp)")
     p.add_argument("--batch", type=int, default=48, help="global batch (samples per step)")
+    p.add_argument("--bucket-kib", type=int, default=64,
+                   help="DataParallel's gradient bucket size in KiB")
     p.add_argument("--microbatch", type=int, default=8,
                    help="samples per pipeline microbatch (pp > 1)")
     p.add_argument("--samples", type=int, default=4096, help="samples in the data set")
@@ -135,7 +138,12 @@ def main(argv=None):
         else strata.Mesh(launch.world_size, tp=args.tp, pp=args.pp)
     world = strata.init(mesh, backend=args.backend, timeout=120)
     pp = world.group("pp")
-    model = Stage(args.hidden, args.layers, pp.rank, pp.size, world)
+    # Gradients are summed over the data-parallel replicas by DataParallel
+    # (buckets reduced while backward runs); the loss below is divided by
+    # the global batch, so the sum is the mean over the global batch
+    # whatever dp is. Small buckets: several reductions overlap backward.
+    model = snn.DataParallel(Stage(args.hidden, args.layers, pp.rank, pp.size, world), world,
+                             reduce_op="sum", bucket_bytes=args.bucket_kib * 1024)
     x_all, y_all = dataset(args.samples, args.hidden)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
@@ -179,17 +187,12 @@ def main(argv=None):
             losses = schedule(ctx).step(x if pp.rank == 0 else None,
                                         y if pp.rank == pp.size - 1 else None)
             loss = (torch.stack(losses).sum() if losses else torch.zeros(())) / ctx.global_batch
-            for p in params:
-                p.grad /= ctx.global_batch
-        grads = torch.cat([p.grad.reshape(-1) for p in params])
-        report = torch.cat([grads, loss.detach().reshape(1)])
-        ctx.group("dp").all_reduce(report)  # one all-reduce: gradients and the loss
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad.copy_(report[offset:offset + n].view_as(p))
-            offset += n
-        global_loss = report[-1].clone()
+            with torch.no_grad():
+                for p in params:
+                    p.grad /= ctx.global_batch
+        # backward() returned with every gradient bucket reduced over dp.
+        global_loss = loss.detach().clone()
+        ctx.group("dp").all_reduce(global_loss)  # for the log line
         if pp.size > 1:
             ctx.group("pp").all_reduce(global_loss)  # only the last stage has it
         opt.step()  # every rank agrees the step completed, or nothing is applied
@@ -237,7 +240,7 @@ def write_report(directory, rank, world, state, result, params):
     with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     from strata import checkpoint
-    checkpoint.save({"model": state.models[0]}, os.path.join(directory, "final"),
+    checkpoint.save({"model": state.models[0].module}, os.path.join(directory, "final"),
                     step=result.steps, world=world)
 
 

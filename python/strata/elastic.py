@@ -65,6 +65,7 @@ import tempfile
 import time
 
 from . import _strata
+from ._settings import settings as _settings
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 
 __all__ = [
@@ -490,7 +491,7 @@ def _store_for(world, options):
     boot = getattr(world, "_store", (None, None))[0]
     if boot is not None:
         return boot
-    url = os.environ.get("STRATA_STORE")
+    url = _settings()["STRATA_STORE"].value
     if url:
         if not url.startswith("file:"):
             raise ElasticError(f"STRATA_STORE={url!r}: strata.elastic takes a file: store URL")
@@ -705,12 +706,7 @@ class Controller:
         event = json.loads(text)
         if kind == "leave":
             return self._leave(event)
-        for part in self.state._parts():
-            hook = getattr(part, "_strata_elastic_regroup", None)
-            if hook is not None:
-                hook(self.world, event)
-        lost = [part for part in self.state._parts()
-                if getattr(part, "_strata_elastic_state_lost", lambda e: False)(event)]
+        lost = self._regroup_parts(event)
         how = self.options.restore
         if how == "memory" and lost:
             raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State lost "
@@ -729,6 +725,35 @@ class Controller:
         if self.on_world_changed is not None:
             self.on_world_changed(event, self.world)
         return event
+
+    def _regroup_parts(self, event):
+        """Moves the State's layers onto the rebuilt world; returns the parts
+        that lost state in the regroup (a checkpoint must then be loaded).
+
+        strata.nn.DataParallel layers (the State's models, or modules inside
+        them, as pipeline stages hold them) are rebuilt on the new dp group
+        with ``keep_state=False``: the old group is broken, so nothing moves
+        over it. A strata.optim.DistributedOptimizer (ZeRO-1) lost the
+        shards of the dropped replica's ranks with them. Other parts may
+        implement ``_strata_elastic_regroup(world, event)`` and
+        ``_strata_elastic_state_lost(event)``."""
+        from ._data_parallel import DataParallel
+        from .optim import DistributedOptimizer
+        layers = []
+        for m in self.state.models:
+            for sub in m.modules():
+                if isinstance(sub, DataParallel) and not any(sub is x for x in layers):
+                    layers.append(sub)
+        for layer in layers:
+            layer.rebuild(self.world, keep_state=False)
+        lost = [o for o in self.state.optimizers if isinstance(o, DistributedOptimizer)]
+        for part in self.state._parts():
+            hook = getattr(part, "_strata_elastic_regroup", None)
+            if hook is not None:
+                hook(self.world, event)
+            if getattr(part, "_strata_elastic_state_lost", lambda e: False)(event):
+                lost.append(part)
+        return lost
 
     def _leave(self, event):
         failed = event["failed"]
@@ -849,7 +874,7 @@ def supervise():
     Signals sent to the parent (torchrun stopping the job) are passed on to
     the child. Does nothing outside torchrun or when already supervised."""
     env = os.environ
-    if not env.get("TORCHELASTIC_RUN_ID") or env.get("STRATA_ELASTIC_SUPERVISED"):
+    if not env.get("TORCHELASTIC_RUN_ID") or _settings()["STRATA_ELASTIC_SUPERVISED"].value:
         return
     sys.stdout.flush()
     sys.stderr.flush()
