@@ -99,8 +99,8 @@ struct STRATA_EXPORT ElasticHooks {
 class STRATA_EXPORT ElasticLoop {
  public:
   // Starts the monitor for epoch 1 over `world` (generation 1, the whole
-  // job: its root ranks are the job ranks). `store` may be null only with
-  // AgreementKind::kUlfm. InvalidArgument for bad options.
+  // job: its root ranks are the job ranks). InvalidArgument for bad options
+  // or a null `store` (every agreement goes through a store).
   static absl::StatusOr<std::unique_ptr<ElasticLoop>> Create(World& world,
                                                              std::shared_ptr<Store> store,
                                                              const ElasticOptions& options,

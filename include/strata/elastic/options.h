@@ -29,12 +29,14 @@ enum class LeavePolicy : uint8_t {
 
 // How the survivors agree on a membership change.
 enum class AgreementKind : uint8_t {
-  // Through the store when there is one; MPI's ULFM primitives otherwise.
+  // Through the store (the only kind implemented: MPI jobs use a file
+  // store on one host or STRATA_STORE across hosts).
   kAuto,
   // Through the store (keys carry the epoch).
   kStore,
   // MPIX_Comm_agree / MPIX_Comm_shrink over an elastic control communicator
-  // (MPI backend with ULFM, under mpirun --with-ft ulfm).
+  // (MPI backend with ULFM, under mpirun --with-ft ulfm). Not implemented
+  // yet: Validate() returns Unimplemented for it.
   kUlfm,
 };
 
@@ -85,7 +87,8 @@ struct STRATA_EXPORT ElasticOptions {
   // never resumes.
   bool fence_unresponsive = true;
 
-  // InvalidArgument naming the first bad field and its value.
+  // InvalidArgument naming the first bad field and its value; Unimplemented
+  // for AgreementKind::kUlfm.
   absl::Status Validate() const;
 };
 

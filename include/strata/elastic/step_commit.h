@@ -17,9 +17,9 @@
 // (and one CompareSet for the last voter); the store keeps one small key
 // per step.
 //
-// The ULFM protocol (ulfm.h): MPIX_Comm_iagree over an elastic control
-// communicator: the flag is the AND of the votes, uniformly returned to
-// every survivor even when a rank fails during it.
+// MPI jobs use the store protocol too (a file store on one host); a ULFM
+// protocol (MPIX_Comm_iagree over an elastic control communicator, the AND
+// of the votes returned uniformly to every survivor) is not implemented.
 //
 // Thread-safety: Vote from the loop's thread; Abort from any thread.
 #pragma once

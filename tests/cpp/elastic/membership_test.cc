@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "strata/elastic/options.h"
 
 namespace strata::elastic {
 namespace {
@@ -163,6 +164,32 @@ TEST(MembershipTest, RootRanksAndDescriptions) {
   EXPECT_EQ(m.RootRankOf(3), -1);
   EXPECT_EQ(m.ToString(), "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2");
   EXPECT_EQ(DescribeMesh(InitialMembership(m.mesh).mesh), "dp3 x tp2");
+}
+
+TEST(ElasticOptionsTest, BadValuesAreNamed) {
+  EXPECT_TRUE(ElasticOptions().Validate().ok());
+  ElasticOptions o;
+  o.settle_timeout = absl::ZeroDuration();
+  EXPECT_THAT(o.Validate().message(), HasSubstr("settle_timeout"));
+  o = ElasticOptions();
+  o.heartbeat_timeout = absl::Milliseconds(250);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("heartbeat_timeout 250ms is less than 3"));
+  o = ElasticOptions();
+  o.job = "a/b";
+  EXPECT_THAT(o.Validate().message(), HasSubstr("job is 'a/b'"));
+  o = ElasticOptions();
+  o.max_attempts = 0;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("max_attempts is 0"));
+}
+
+TEST(ElasticOptionsTest, TheUlfmAgreementIsRefusedAsUnimplemented) {
+  ElasticOptions o;
+  o.agreement = AgreementKind::kUlfm;
+  absl::Status s = o.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("agreement is ulfm"));
+  o.agreement = AgreementKind::kStore;
+  EXPECT_TRUE(o.Validate().ok());
 }
 
 }  // namespace
