@@ -67,9 +67,11 @@ def run_case(tmp):
         args += ["--step-sleep", "0.3"]  # every rank sleeps, outside any collective
     elif CASE == "stop":
         sig = signal.SIGSTOP
-        args += ["--heartbeat-timeout", "2"]
+        # Steps long enough that the signal (up to 1 s after step 4) comes
+        # while the job trains, not while it saves its final report.
+        args += ["--heartbeat-timeout", "2", "--step-sleep", "0.1"]
     else:
-        args += ["--step-sleep", "0.02"]
+        args += ["--step-sleep", "0.1"]
     print(f"{LAUNCHER} {CASE}: seed {seed}, signal {sig.name} to rank {rank}", flush=True)
     job = D.Job(LAUNCHER, NP, args, tmp, timeout=170)
     try:
