@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/common/host_share.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "strata/base/status.h"
 
