@@ -49,7 +49,8 @@ ElasticOptions OptionsFrom(const py::dict& d) {
   o.commit_timeout = Seconds(d, "commit_timeout", o.commit_timeout);
   if (d.contains("probe_processes")) o.probe_processes = d["probe_processes"].cast<bool>();
   if (d.contains("fence_unresponsive")) o.fence_unresponsive = d["fence_unresponsive"].cast<bool>();
-  if (d.contains("max_leader_takeovers")) o.max_leader_takeovers = d["max_leader_takeovers"].cast<int>();
+  if (d.contains("max_leader_takeovers"))
+    o.max_leader_takeovers = d["max_leader_takeovers"].cast<int>();
   if (d.contains("max_attempts")) o.max_attempts = d["max_attempts"].cast<int>();
   // Python's run() decides what a leaving rank does; the loop returns.
   o.leave = elastic::LeavePolicy::kReturn;
@@ -71,12 +72,14 @@ py::dict MeshDict(const MeshSpec& s) {
 
 class PyElastic {
  public:
-  PyElastic(py::handle world, std::optional<PyStore> store, const py::dict& options)
+  PyElastic(py::handle world, std::optional<PyStore> store, std::optional<PyStore> monitor_store,
+            const py::dict& options)
       : ref_(WorldRefOf(world)) {
     ElasticOptions o = OptionsFrom(options);
     std::shared_ptr<Store> s = store ? store->store : nullptr;
     elastic::ElasticHooks hooks;
     hooks.abort_all = ref_.abort_all;
+    if (monitor_store) hooks.monitor_store = monitor_store->store;
     absl::StatusOr<std::unique_ptr<ElasticLoop>> loop;
     {
       py::gil_scoped_release release;
@@ -178,8 +181,8 @@ class PyElastic {
 
 Registration reg(kOrderElastic, [](py::module_& m) {
   py::class_<PyElastic>(m, "_ElasticLoop")
-      .def(py::init<py::handle, std::optional<PyStore>, const py::dict&>(), py::arg("world"),
-           py::arg("store"), py::arg("options"))
+      .def(py::init<py::handle, std::optional<PyStore>, std::optional<PyStore>, const py::dict&>(),
+           py::arg("world"), py::arg("store"), py::arg("monitor_store"), py::arg("options"))
       .def_property_readonly("rank", [](PyElastic& e) { return e.loop().rank(); })
       .def_property_readonly("membership", &PyElastic::Membership)
       .def_property_readonly("alarmed", [](PyElastic& e) { return e.loop().alarmed(); })
@@ -191,18 +194,19 @@ Registration reg(kOrderElastic, [](py::module_& m) {
       .def("record_restore", &PyElastic::RecordRestore, py::arg("restored_from"))
       .def("events", &PyElastic::Events)
       .def("stop", &PyElastic::Stop);
-  m.def("_elastic_plan_regroup",
-        [](const Mesh& mesh, const std::vector<int>& failed) {
-          elastic::RegroupPlan p = Unwrap(elastic::PlanRegroup(mesh, failed), ErrorArea::kElastic);
-          py::dict d;
-          d["failed"] = p.failed;
-          d["leaving"] = p.leaving;
-          d["survivors"] = p.survivors;
-          d["mesh"] = MeshDict(p.new_mesh);
-          return d;
-        },
-        py::arg("mesh"), py::arg("failed"),
-        "PlanRegroup (strata/elastic/membership.h): who leaves and the mesh of the survivors.");
+  m.def(
+      "_elastic_plan_regroup",
+      [](const Mesh& mesh, const std::vector<int>& failed) {
+        elastic::RegroupPlan p = Unwrap(elastic::PlanRegroup(mesh, failed), ErrorArea::kElastic);
+        py::dict d;
+        d["failed"] = p.failed;
+        d["leaving"] = p.leaving;
+        d["survivors"] = p.survivors;
+        d["mesh"] = MeshDict(p.new_mesh);
+        return d;
+      },
+      py::arg("mesh"), py::arg("failed"),
+      "PlanRegroup (strata/elastic/membership.h): who leaves and the mesh of the survivors.");
 });
 
 }  // namespace

@@ -483,26 +483,51 @@ def _job_id():
     return None
 
 
+def _tcp_client(launch, timeout):
+    """A new client of the TCPStore the world bootstrapped through (served by
+    torchrun's agent, or by rank 0 of an srun job)."""
+    import datetime
+    import torch.distributed as dist
+    from . import store as _store
+    host, port = launch.master_addr, launch.master_port
+    try:
+        t = dist.TCPStore(host, port, launch.world_size, False,
+                          timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        raise ElasticError(f"rank {launch.rank}: cannot reach the rendezvous store (torch "
+                           f"TCPStore {host}:{port}) for the elastic layer within {timeout:g}s: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return _store.from_torch(t, describe=f"torch TCPStore {host}:{port}")
+
+
 def _store_for(world, options):
+    """(the store the main thread agrees through, the store the monitor
+    thread uses or None for the same one)."""
     from . import store as _store
     if options.store is not None:
         s = options.store
-        return s if isinstance(s, _store.Store) else _store.from_torch(s)
+        return (s if isinstance(s, _store.Store) else _store.from_torch(s)), None
     boot = getattr(world, "_store", (None, None))[0]
     if boot is not None:
-        return boot
+        # Two connections of our own: torch's TCPStore client holds a lock
+        # across a blocking wait, so the monitor's heartbeats must not share
+        # one with the main thread's waits for commits and decisions (nor
+        # with Gloo's rebuild, which goes through the bootstrap connection).
+        launch = _strata.launch_env(None)
+        return (_tcp_client(launch, options.rebuild_timeout),
+                _tcp_client(launch, options.rebuild_timeout))
     url = _settings()["STRATA_STORE"].value
     if url:
         if not url.startswith("file:"):
             raise ElasticError(f"STRATA_STORE={url!r}: strata.elastic takes a file: store URL")
-        return _store.file_store(url[len("file:"):].replace("//", "/", 1) + "/elastic")
+        return _store.file_store(url[len("file:"):].replace("//", "/", 1) + "/elastic"), None
     launch = _strata.launch_env(None)
     job = _job_id()
     if launch.world_size == 1 or (launch.num_nodes == 1 and launch.local_world_size ==
                                   launch.world_size and job):
         path = os.path.join(tempfile.gettempdir(),
                             f"strata-elastic-{job or os.getpid()}-{os.getuid()}")
-        return _store.file_store(path)
+        return _store.file_store(path), None
     raise ElasticError(
         f"strata.elastic needs a store every rank reaches (rank {launch.rank} of "
         f"{launch.world_size} on {launch.num_nodes} node(s), launcher {launch.launcher}): "
@@ -548,8 +573,9 @@ class Controller:
         self.state = state if state is not None else State()
         self.options = options
         self.on_world_changed = on_world_changed
-        self._store = _store_for(world, options)
-        self._loop = _strata._ElasticLoop(world, self._store, options._native())
+        self._store, self._monitor_store = _store_for(world, options)
+        self._loop = _strata._ElasticLoop(world, self._store, self._monitor_store,
+                                          options._native())
         self._ctx = None
         self._hooks = [o.register_step_pre_hook(self._pre_step) for o in self.state.optimizers]
         self._saver = None

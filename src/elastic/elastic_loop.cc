@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "elastic/internal/keys.h"
 #include "strata/base/status.h"
 
 namespace strata::elastic {
@@ -58,7 +59,7 @@ ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOpti
   commit_ = MakeStoreStepCommit(store_, options_);
   (void)commit_->Start(membership_);
   HeartbeatMonitor::Config config;
-  config.store = store_;
+  config.store = hooks_.monitor_store != nullptr ? hooks_.monitor_store : store_;
   config.options = options_;
   config.rank = rank_;
   config.on_alarm = [this](const Detection& d, uint64_t epoch) { OnAlarm(d, epoch); };
@@ -148,12 +149,57 @@ void ElasticLoop::RecordRestore(absl::Time restored_at, const std::string& resto
   e.restore = NonNegative(restored_at - e.rebuilt_at);
 }
 
+namespace {
+
+void AddAll(std::vector<int>& to, const std::vector<int>& from) {
+  for (int r : from) {
+    if (!Contains(to, r)) to.push_back(r);
+  }
+}
+
+// One event for a recovery that took several attempts: the failure that
+// started it (cause, detection, epoch before, from the first attempt),
+// every rank taken as failed or leaving in any attempt, and the outcome of
+// the last.
+RecoveryEvent Merge(const std::vector<RecoveryEvent>& decided, RecoveryEvent last) {
+  if (decided.size() < 2) return last;
+  const RecoveryEvent& first = decided.front();
+  RecoveryEvent e = std::move(last);
+  std::vector<int> failed = first.failed;
+  std::vector<std::string> why = first.failed_why;
+  std::vector<int> leaving = first.leaving;
+  for (size_t i = 1; i < decided.size(); ++i) {
+    for (size_t k = 0; k < decided[i].failed.size(); ++k) {
+      if (!Contains(failed, decided[i].failed[k])) {
+        failed.push_back(decided[i].failed[k]);
+        why.push_back(decided[i].failed_why[k]);
+      }
+    }
+    AddAll(leaving, decided[i].leaving);
+  }
+  e.failed = std::move(failed);
+  e.failed_why = std::move(why);
+  e.leaving = std::move(leaving);
+  e.epoch_before = first.epoch_before;
+  e.mesh_before = first.mesh_before;
+  e.cause = first.cause;
+  e.known_by_all_at = first.known_by_all_at;
+  e.detect = first.detect;
+  e.agree = NonNegative(first.decided_at - first.known_by_all_at);
+  // The failed attempts' regroups count as rebuilding.
+  e.rebuild = NonNegative(e.rebuilt_at - first.decided_at);
+  return e;
+}
+
+}  // namespace
+
 absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::Recover() {
-  const absl::Time started = absl::Now();
   absl::Status last;
+  std::vector<RecoveryEvent> decided;
   for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
-    absl::StatusOr<Recovery> r = RecoverOnce(attempt, started);
+    absl::StatusOr<Recovery> r = RecoverOnce(attempt, decided);
     if (r.ok()) {
+      r->event = Merge(decided, std::move(r->event));
       std::lock_guard<std::mutex> lock(mu_);
       events_.push_back(r->event);
       return r;
@@ -168,7 +214,8 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::Recover() {
                                                  " attempts (ElasticOptions::max_attempts)"));
 }
 
-absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl::Time started) {
+absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
+    int attempt, std::vector<RecoveryEvent>& decided) {
   // The alarm: raised by whoever found the failure; this rank raises one
   // if it gets here without (a commit aborted by a rank that died before
   // raising it).
@@ -192,7 +239,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   const absl::Time my_known = monitor_->known_at();
   const Membership before = membership_;
   STRATA_ASSIGN_OR_RETURN(Decision decision, agreement_->Agree(before, rank_, suspects));
-  const absl::Time decided = absl::Now();
+  const absl::Time decided_at = absl::Now();
 
   RecoveryEvent event;
   event.rank = rank_;
@@ -206,11 +253,11 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   event.attempts = attempt;
   event.step = current_step_.load();
   event.known_by_all_at = std::max(decision.known_by_all_at, my_known);
-  event.decided_at = decided;
+  event.decided_at = decided_at;
   const absl::Time failed_at =
       decision.cause.failed_at != absl::InfinitePast() ? decision.cause.failed_at : my_known;
   event.detect = NonNegative(event.known_by_all_at - failed_at);
-  event.agree = NonNegative(decided - event.known_by_all_at);
+  event.agree = NonNegative(decided_at - event.known_by_all_at);
 
   if (decision.kind == Decision::Kind::kStop) {
     return absl::FailedPreconditionError(
@@ -219,6 +266,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   const Membership next = decision.Next(before);
   event.members = next.members;
   event.mesh_after = next.mesh;
+  decided.push_back(event);
   if (Contains(decision.failed, rank_)) {
     const bool evicted =
         decision.cause.source == DetectionSource::kRequest && Contains(decision.cause.evict, rank_);
@@ -265,9 +313,22 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   root_options.name = "world";
   root_options.timeout = options_.rebuild_timeout;
   absl::StatusOr<std::unique_ptr<Communicator>> root = world_.root().Shrink(excluded, root_options);
-  if (!root.ok()) return regroup_failed(root.status(), "shrinking the root communicator");
-  if (*root == nullptr) {
+  if (root.ok() && *root == nullptr) {
     return absl::InternalError(absl::StrCat("rank ", rank_, " was excluded from its own shrink"));
+  }
+  // Every member says whether its shrink succeeded before anyone rebuilds:
+  // a rank whose shrink failed while the others' succeeded would keep the
+  // old root while they move to the new one, and the next attempt would
+  // shrink different communicators on different ranks. On "no", every
+  // member drops its new root and the next attempt shrinks the old one
+  // again (with the larger failed set, if any).
+  absl::StatusOr<bool> all_shrunk = AllShrunk(next, root.ok());
+  if (!all_shrunk.ok() || !*all_shrunk) {
+    if (root.ok()) (void)(*root)->Abort();  // dropped: its peers may be gone
+    if (!root.ok()) return regroup_failed(root.status(), "shrinking the root communicator");
+    if (!all_shrunk.ok()) return regroup_failed(all_shrunk.status(), "voting on the shrink");
+    return regroup_failed(absl::AbortedError("another member's shrink failed, or a member failed"),
+                          "shrinking the root communicator");
   }
   absl::StatusOr<Mesh> mesh = Mesh::Create(next.mesh);
   if (!mesh.ok()) return mesh.status();
@@ -282,9 +343,38 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(int attempt, absl
   if (!met.ok()) return regroup_failed(met, "the first barrier of the new world");
   event.rebuilt_at = absl::Now();
   event.first_collective = event.rebuilt_at - barrier_start;
-  event.rebuild = NonNegative(event.rebuilt_at - decided);
-  (void)started;
+  event.rebuild = NonNegative(event.rebuilt_at - decided_at);
   return Recovery{Outcome::kContinue, std::move(event)};
+}
+
+absl::StatusOr<bool> ElasticLoop::AllShrunk(const Membership& next, bool shrunk) {
+  const internal::Keys keys(options_.job, next.epoch);
+  const absl::Time deadline = absl::Now() + options_.rebuild_timeout;
+  const int64_t size = static_cast<int64_t>(next.members.size());
+  const std::string where = absl::StrCat("the end of the shrinks of epoch ", next.epoch, " (", size,
+                                         " members) on ", store_->Describe());
+  if (!shrunk) {
+    absl::StatusOr<int64_t> f = store_->Add(keys.RegroupFailed(), 1, deadline);
+    if (!f.ok()) return strata::internal::Annotate(f.status(), where);
+  }
+  absl::StatusOr<int64_t> n = store_->Add(keys.Regrouped(), 1, deadline);
+  // Polled (an Add of 0 reads the count) rather than a blocking wait, so
+  // that a member lost meanwhile (the epoch's alarm) ends the wait.
+  const absl::Duration poll = std::min(options_.heartbeat_interval / 4, absl::Milliseconds(20));
+  while (n.ok() && *n < size) {
+    if (monitor_->alarm().has_value()) return false;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": ", *n, " of ", size, " members past their shrink after ",
+                       absl::FormatDuration(options_.rebuild_timeout)));
+    }
+    absl::SleepFor(poll);
+    n = store_->Add(keys.Regrouped(), 0, deadline);
+  }
+  if (!n.ok()) return strata::internal::Annotate(n.status(), where);
+  absl::StatusOr<int64_t> failed = store_->Add(keys.RegroupFailed(), 0, deadline);
+  if (!failed.ok()) return strata::internal::Annotate(failed.status(), where);
+  return *failed == 0;
 }
 
 absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int64_t first_step,

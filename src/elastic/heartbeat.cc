@@ -304,7 +304,13 @@ void HeartbeatMonitor::Tick(Epoch& epoch) {
     d.detail = absl::StrCat("the process of rank ", succ, " (pid ", epoch.successor_process->pid,
                             " on ", epoch.successor_process->host, ") is gone");
     d.failed_at = now;
-  } else if (now - epoch.last_change > config_.options.heartbeat_timeout) {
+  } else if (now - epoch.last_change >
+             (epoch.last_value.empty()
+                  // Not started yet: ranks reach their loop's creation at
+                  // different times (by seconds when they outnumber the
+                  // cores); a rank that never starts fails its collectives.
+                  ? std::max(config_.options.heartbeat_timeout, config_.options.rebuild_timeout)
+                  : config_.options.heartbeat_timeout)) {
     d.source = DetectionSource::kHeartbeat;
     d.detail = epoch.last_value.empty()
                    ? absl::StrCat("rank ", succ, " published no heartbeat in ",

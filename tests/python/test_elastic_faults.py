@@ -9,8 +9,9 @@ CMake registers one test per pair.
 Checked in every case:
 - the job exits 0; the killed rank is gone, the other rank of its replica
   left (exit 0 with a message saying why), the six others finished;
-- every survivor holds the same recovery events (the failed set, the new
-  epoch, the members) and ends at epoch 2 on dp3 x tp2;
+- every survivor holds the same recovery event (the failed set, the new
+  epoch, the members) and ends on dp3 x tp2 at that epoch (2, or more when
+  the regroup was retried);
 - parameters are bitwise equal across the data-parallel replicas (per tp
   rank);
 - the step counter, the scheduler's step and learning rate and the
@@ -103,12 +104,15 @@ def test_survivors_recover_and_finish_like_the_reference(reference, tmp_path):
     event = first["events"][0]
     assert event["failed"] == [killed], event
     assert event["leaving"] == [partner], event
-    assert event["epoch"] == 2 and event["dp"] == 3 and event["world"] == 6, event
+    # A shrink that failed on some rank (an MPI peer's failure surfacing
+    # during it) is retried as the next epoch: one event either way.
+    assert event["epoch"] == 1 + event["attempts"], event
+    assert event["dp"] == 3 and event["world"] == 6, event
     for r in survivors:
         e = reports[r]["events"]
         assert [(x["failed"], x["leaving"], x["epoch"], x["members"]) for x in e] == \
             [(x["failed"], x["leaving"], x["epoch"], x["members"]) for x in first["events"]], r
-        assert reports[r]["epoch"] == 2 and reports[r]["world"] == 6
+        assert reports[r]["epoch"] == event["epoch"] and reports[r]["world"] == 6
     if CASE == "stop":
         assert event["cause"]["source"] == "heartbeat", event["cause"]
         assert event["cause"]["suspect"] == killed, event["cause"]

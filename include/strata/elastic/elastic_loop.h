@@ -89,11 +89,18 @@ struct STRATA_EXPORT LoopResult {
   std::vector<RecoveryEvent> events;
 };
 
-// Hooks into the owner of the World (the Python bindings' lock).
+// Hooks into the owner of the World (the Python bindings' lock) and of the
+// store.
 struct STRATA_EXPORT ElasticHooks {
   // Aborts every communicator of the World, from any thread, at once.
   // Default: World::AbortAll.
   std::function<void()> abort_all;
+  // A second connection to the same store for the monitor thread. Needed
+  // where a store's client serialises its operations (torch's TCPStore
+  // holds one lock per client across a blocking wait): otherwise the main
+  // thread's wait for a step commit or a decision holds this rank's
+  // heartbeat back and the others take it as hung. Default (null): `store`.
+  std::shared_ptr<Store> monitor_store;
 };
 
 class STRATA_EXPORT ElasticLoop {
@@ -159,7 +166,14 @@ class STRATA_EXPORT ElasticLoop {
   // moves to a new epoch: an alarm of an epoch that ended never aborts the
   // World of the next.
   std::mutex epoch_mu_;
-  absl::StatusOr<Recovery> RecoverOnce(int attempt, absl::Time started);
+  // One attempt; `decided` gets the event of its decision (before the
+  // regroup), so that a later attempt's event can name what this one found.
+  absl::StatusOr<Recovery> RecoverOnce(int attempt, std::vector<RecoveryEvent>& decided);
+  // After the shrink of the regroup to `next`: true when every member's
+  // shrink succeeded; returns only once every member is past its shrink (or
+  // the epoch's alarm says one was lost), so that no member starts the
+  // next attempt's shrink while another is still inside this one.
+  absl::StatusOr<bool> AllShrunk(const Membership& next, bool shrunk);
 
   World& world_;
   const std::shared_ptr<Store> store_;

@@ -10,6 +10,8 @@
 //   strata/elastic/<job>/<epoch>/decision        the next membership (CompareSet)
 //   strata/elastic/<job>/<epoch>/done            per-step votes (Add)
 //   strata/elastic/<job>/<epoch>/step/<n>        step n: commit or abort (CompareSet)
+//   strata/elastic/<job>/<epoch>/regroup/done    members past their shrink (Add)
+//   strata/elastic/<job>/<epoch>/regroup/failed  members whose shrink failed (Add)
 //
 // Ranks are job ranks (stable across epochs).
 #pragma once
@@ -35,6 +37,8 @@ class Keys {
   std::string Decision() const { return absl::StrCat(prefix_, "decision"); }
   std::string Done() const { return absl::StrCat(prefix_, "done"); }
   std::string Step(int64_t step) const { return absl::StrCat(prefix_, "step/", step); }
+  std::string Regrouped() const { return absl::StrCat(prefix_, "regroup/done"); }
+  std::string RegroupFailed() const { return absl::StrCat(prefix_, "regroup/failed"); }
   const std::string& prefix() const { return prefix_; }
 
  private:
