@@ -535,6 +535,15 @@ def _store_for(world, options):
         "STRATA_STORE=file:/shared/dir or pass Options(store=...)")
 
 
+def _launcher_warning(launcher, env):
+    """What to tell a user whose launcher will undo a recovery, or None."""
+    if launcher == "mpirun" and env.get("OMPI_MCA_mpi_ft_enable", "") not in ("1", "true"):
+        return ("strata.elastic: mpirun was started without --with-ft ulfm: when a rank dies, "
+                "prterun ends the whole job before the survivors can go on; launch with "
+                "`mpirun --with-ft ulfm ...` to recover in process")
+    return None
+
+
 # ---- the controller ---------------------------------------------------------------
 
 
@@ -584,6 +593,9 @@ class Controller:
         self._last_rank0 = None
         self.events = []
         self._replicas0 = self.world.group("dp").size
+        warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
+        if warning and self.world.rank == 0:
+            print(warning, file=sys.stderr, flush=True)
         self.state.commit()
 
     # -- state of the membership

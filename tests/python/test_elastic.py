@@ -242,3 +242,10 @@ def test_supervise_does_nothing_outside_torchrun():
     p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr
+
+
+def test_plain_mpirun_gets_a_warning_naming_the_flag():
+    w = elastic._launcher_warning("mpirun", {})
+    assert "without --with-ft ulfm" in w and "mpirun --with-ft ulfm" in w
+    assert elastic._launcher_warning("mpirun", {"OMPI_MCA_mpi_ft_enable": "1"}) is None
+    assert elastic._launcher_warning("torchrun", {}) is None
