@@ -552,13 +552,17 @@ class Placement:
         tensor)] as given to :meth:`shard` (contiguous). Returns the seconds
         it took. Whole tensors are compared over the tp-dp-cp group, shards
         over dp-cp: dtypes, shapes and a 64-bit digest of the bytes, in two
-        small all-reduces per group (see strata::CheckReplicasMatch). A
+        small all-reduces per group (see strata::CheckReplicasMatch). Boxes
+        laid out by their owner (:class:`Box`: ZeRO-1's optimizer state) have
+        one writer each and are not compared. A
         tensor's digest depends on where it lives (xxh3-64 on the host,
         :func:`device_digest` on a GPU): replicas of one tensor on the host on
         some ranks and on a GPU on others are reported as differing."""
         if self.group is None:
             return 0.0
         start = time.perf_counter()
+        # Boxes laid out by their owner have one writer each: no replicas.
+        tensors = [(k, spec, t) for k, spec, t in tensors if not isinstance(spec, Box)]
         # Host tensors: xxh3 on the staging threads. Others: a digest
         # computed where they live, read back once (one synchronisation).
         host = [(i, t) for i, (_, _, t) in enumerate(tensors) if t.device.type == "cpu"]

@@ -482,10 +482,12 @@ json RunScenario(const Args& base, const std::string& scenario) {
   }
   if (failures.empty()) {
     absl::SleepFor(absl::Milliseconds(500));  // the survivors' kernels wait on the victim
+    // The time of the kill is taken before the signal: survivors may see
+    // the victim gone before the driver has reaped it.
+    const absl::Time killed = absl::Now();
     kill(pids[a.victim], SIGKILL);
     WaitFor(pids[a.victim], absl::Now() + absl::Seconds(30));
     pids[a.victim] = -1;
-    const absl::Time killed = absl::Now();
     summary["killed"] = absl::FormatTime(killed);
     absl::Status s = (*store)->Set("fault/killed", std::to_string(absl::ToUnixMicros(killed)),
                                    absl::Now() + absl::Seconds(10));
