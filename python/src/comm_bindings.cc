@@ -5,7 +5,9 @@
 // tuples that python/strata/comm.py builds from torch tensors and numpy
 // arrays, so the extension needs neither torch's nor numpy's C API. Every
 // operation keeps a reference to the Python objects whose memory it uses
-// until it has completed; the GIL is released while operations start,
+// until it has completed (its group's owner keeps those of failed or
+// dropped operations as long as the backend may use them: see Owner); the
+// GIL is released while operations start,
 // while waiting, and while worlds are built, rebuilt and destroyed.
 //
 // A _Group is a group handle (strata/parallel/group_handle.h): a world's
@@ -46,15 +48,69 @@ namespace py = pybind11;
 namespace strata::bindings {
 namespace {
 
+// A Python object (the tensors of an operation) held from C++ until the
+// backend is done with their memory. Dropped on whatever thread lets go
+// last: with the GIL at once when this thread holds it, else through a
+// pending call that the interpreter runs on its main thread (so a backend
+// thread never waits for the GIL); at exit, once the interpreter is
+// finalizing, it is left alone (nothing is freed then anyway).
+bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+class PyKeep {
+ public:
+  explicit PyKeep(py::object object) : object_(object.release().ptr()) {}
+  ~PyKeep() {
+    if (object_ == nullptr || !Py_IsInitialized() || Finalizing()) return;
+    if (PyGILState_Check() != 0) {
+      Py_DECREF(object_);
+    } else if (Py_AddPendingCall(&DecRef, object_) != 0) {
+      // The pending-call queue is full: take the GIL after all.
+      PyGILState_STATE gil = PyGILState_Ensure();
+      Py_DECREF(object_);
+      PyGILState_Release(gil);
+    }
+  }
+  PyKeep(const PyKeep&) = delete;
+  PyKeep& operator=(const PyKeep&) = delete;
+
+ private:
+  static int DecRef(void* object) {
+    Py_DECREF(static_cast<PyObject*>(object));
+    return 0;
+  }
+  PyObject* object_;
+};
+
 // Owns what a group's communicator lives in: a World, or a communicator
 // made by Split/Shrink. Groups and works hold it; destroy() ends it. The
 // lock keeps destroy() and rebuilds from running while a communicator is
 // used; `abort_mu_` lets AbortAll reach the world without that lock (it
 // must not wait for the operations it is meant to end).
+//
+// It also owns the tensors of its operations that failed or whose Work was
+// dropped before they completed: the backend may still use their memory.
+// Each is released when its operation completes, or, once the owner's
+// communicators are destroyed, handed to the operation
+// (Work::KeepBuffersAlive), which keeps it exactly as long as the backend
+// may touch it (MPI: until requests it cannot cancel complete, or exit).
+// Nothing is kept by the process beyond its owner.
 class Owner {
  public:
   explicit Owner(std::unique_ptr<World> world) : is_world_(true), world_(std::move(world)) {}
   explicit Owner(std::unique_ptr<Communicator> comm) : is_world_(false), comm_(std::move(comm)) {}
+  ~Owner() {
+    // Without destroy(): the communicators go first, then what their
+    // operations may still use is handed to them (see the class comment).
+    world_.reset();
+    comm_.reset();
+    HandOff();
+  }
 
   // Lock held (shared) while alive.
   World* world() { return world_.get(); }
@@ -81,6 +137,7 @@ class Owner {
     alive_.store(false);
     world_.reset();
     comm_.reset();
+    HandOff();
   }
   // Hands the communicator over (to become a world's root); the owner's
   // groups then fail with `why`. Called with the GIL released.
@@ -98,34 +155,40 @@ class Owner {
     if (comm_ != nullptr) (void)comm_->Abort();
   }
 
-  // Python objects whose memory an unfinished (or failed) operation may
-  // still use, kept until it completes successfully (or forever when it
-  // failed: MPI may still write into them). GIL held.
+  // Python objects whose memory an unfinished or failed operation may still
+  // use, kept until it completes (or, after the communicators are
+  // destroyed, as long as the operation says: HandOff). GIL held.
   void KeepUntilDone(std::shared_ptr<Work> work, py::object keep) {
+    auto held = std::make_shared<PyKeep>(std::move(keep));
     Purge();
-    inflight_.emplace_back(std::move(work), std::move(keep));
-  }
-  void Purge() {
-    std::vector<std::pair<std::shared_ptr<Work>, py::object>> still;
-    for (auto& [work, keep] : inflight_) {
-      absl::StatusOr<bool> done = work->Test();
-      if (done.ok() && *done) continue;
-      if (!done.ok()) {
-        Graveyard().append(keep);
-        continue;
-      }
-      still.emplace_back(std::move(work), std::move(keep));
+    std::unique_lock<std::mutex> lock(kept_mu_);
+    if (!alive_.load()) {
+      // The communicators are gone already: the operation decides now.
+      lock.unlock();
+      work->KeepBuffersAlive(std::move(held));
+      return;
     }
-    inflight_.swap(still);
+    kept_.emplace_back(std::move(work), std::move(held));
   }
-  void ReleaseAllToGraveyard() {
-    for (auto& [work, keep] : inflight_) Graveyard().append(keep);
-    inflight_.clear();
+  // Releases what operations that completed no longer need. A failed one
+  // keeps its tensors (the backend may still write into them) until HandOff.
+  void Purge() {
+    std::vector<std::pair<std::shared_ptr<Work>, std::shared_ptr<PyKeep>>> still, done;
+    {
+      std::lock_guard<std::mutex> lock(kept_mu_);
+      for (auto& [work, held] : kept_) {
+        absl::StatusOr<bool> finished = work->Test();
+        (finished.ok() && *finished ? done : still).emplace_back(std::move(work), std::move(held));
+      }
+      kept_.swap(still);
+    }
+    // `done` is released here, outside the lock.
   }
-
-  static py::list& Graveyard() {
-    static py::list* graveyard = new py::list();  // lives until exit
-    return *graveyard;
+  // Number of operations whose tensors are kept now (for tests). GIL held.
+  size_t kept() {
+    Purge();
+    std::lock_guard<std::mutex> lock(kept_mu_);
+    return kept_.size();
   }
 
  private:
@@ -136,7 +199,20 @@ class Owner {
   std::string gone_;
   std::unique_ptr<World> world_;
   std::unique_ptr<Communicator> comm_;
-  std::vector<std::pair<std::shared_ptr<Work>, py::object>> inflight_;
+
+  // After the communicators are destroyed: each kept object goes to its
+  // operation, which holds it while the backend may use the memory.
+  void HandOff() {
+    std::vector<std::pair<std::shared_ptr<Work>, std::shared_ptr<PyKeep>>> kept;
+    {
+      std::lock_guard<std::mutex> lock(kept_mu_);
+      kept.swap(kept_);
+    }
+    for (auto& [work, held] : kept) work->KeepBuffersAlive(std::move(held));
+  }
+
+  std::mutex kept_mu_;
+  std::vector<std::pair<std::shared_ptr<Work>, std::shared_ptr<PyKeep>>> kept_;  // kept_mu_
 };
 
 class PyWork {
@@ -203,8 +279,9 @@ class PyWork {
 
  private:
   void Done() { keep_ = py::none(); }
+  // The backend may still use the memory: its owner keeps it.
   void Failed() {
-    if (keep_ && !keep_.is_none()) Owner::Graveyard().append(keep_);
+    if (keep_ && !keep_.is_none()) owner_->KeepUntilDone(work_, std::move(keep_));
     keep_ = py::none();
   }
 
@@ -444,7 +521,6 @@ class PyWorld {
   }
 
   void Destroy() {
-    owner_->ReleaseAllToGraveyard();
     py::gil_scoped_release release;
     {
       std::shared_lock<std::shared_mutex> lock(owner_->mu());
@@ -452,6 +528,7 @@ class PyWorld {
     }
     owner_->Destroy();
   }
+  size_t kept() const { return owner_->kept(); }
   bool alive() const { return owner_->alive(); }
   // The current generation's mesh (the elastic layer rebuilds the World
   // from C++, past Rebuild above); the last one once destroyed.
@@ -682,7 +759,10 @@ Registration reg(kOrderWorld, [](py::module_& m) {
            [](const PyWorld& w) { return w.With([](World& x) { return x.GroupNames(); }); })
       .def("rebuild", &PyWorld::Rebuild, py::arg("root"), py::arg("mesh"))
       .def("abort_all", &PyWorld::AbortAll)
-      .def("destroy", &PyWorld::Destroy);
+      .def("destroy", &PyWorld::Destroy)
+      .def("_kept", &PyWorld::kept,
+           "Operations whose tensors the world keeps (failed, or dropped before they "
+           "completed); for tests.");
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),

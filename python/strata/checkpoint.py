@@ -171,7 +171,9 @@ class AsyncCheckpointer:
     ``world``: a ``strata.World`` for a multi-rank save (every rank creates
     the checkpointer, collectively, and calls :meth:`save` with the same
     step); the checkpointer splits a communicator of its own off the world,
-    so its agreements never interleave with training's collectives. Each
+    so its agreements never interleave with training's collectives. It
+    follows the world when it is rebuilt in place: the first :meth:`save`
+    after a rebuild splits a new communicator off the new generation. Each
     rank saves its shards: tensors that carry ``tensor_parallel_sharding``
     (``strata.nn`` parameters, their ``state_dict()`` tensors and optimizer
     states) and the tensor-parallel parameters and optimizer states of
@@ -192,6 +194,9 @@ class AsyncCheckpointer:
                  chunk_bytes=16 << 20, max_file_bytes=None, commit_timeout=600.0,
                  staging_threads=None, io_priority="low", rng=True, _fail_at=None):
         self._placement = T.Placement(world)
+        # The placement (this rank, its replica indices) is the world's at one
+        # generation: save() takes it again after a rebuild.
+        self._generation = world.generation if world is not None else None
         self.directory = str(directory)
         self._rng = rng
         self._check_timeout = commit_timeout
@@ -216,6 +221,10 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
+        world = self._placement.world
+        if world is not None and world.generation != self._generation:
+            self._placement = T.Placement(world)  # collective, as save() is
+            self._generation = world.generation
         shards, keep_alive = [], []
         cuda, failure = False, None
         try:

@@ -153,6 +153,10 @@ std::string Names(const std::vector<const Entry*>& es, size_t limit = 8) {
 }  // namespace
 
 struct DataParallel::State {
+  // The group, and its communicator as resolved at the start of the current
+  // backward pass (or FinishGradSync, Create, Rebuild): after a World
+  // rebuild, the new generation's.
+  GroupHandle handle;
   Communicator* group = nullptr;
   DataParallelOptions opts;
   std::vector<Entry> entries;
@@ -177,6 +181,13 @@ struct DataParallel::State {
 #if STRATA_TORCH_CUDA
   std::optional<c10::cuda::CUDAStream> side;
 #endif
+
+  absl::Status ResolveGroup() {
+    absl::StatusOr<Communicator*> c = handle.Resolve();
+    if (!c.ok()) return ::strata::internal::Annotate(c.status(), "DataParallel");
+    group = *c;
+    return absl::OkStatus();
+  }
 
   void Event(DataParallelEvent::Kind kind, int64_t index = -1, std::string name = {}) {
     if (opts.record_events) events.push_back({kind, index, std::move(name)});
@@ -500,6 +511,8 @@ void Throw(const absl::Status& s) { TORCH_CHECK(s.ok(), std::string(s.message())
 }  // namespace
 
 void DataParallel::State::OnGrad(int index, const std::shared_ptr<State>& self) {
+  // The first gradient of a backward pass: the group of this pass.
+  if (!in_backward) Throw(ResolveGroup());
   Entry& e = entries[static_cast<size_t>(index)];
   Adopt(e);
   fresh = true;
@@ -580,8 +593,8 @@ DataParallel::~DataParallel() {
 }
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
-    const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters, Communicator& group,
-    const DataParallelOptions& options) {
+    const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters,
+    const GroupHandle& group, const DataParallelOptions& options) {
   std::vector<std::pair<std::string, ::torch::Tensor>> v;
   for (const auto& item : named_parameters) v.emplace_back(item.key(), item.value());
   return Create(v, group, options);
@@ -589,7 +602,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
     const std::vector<std::pair<std::string, ::torch::Tensor>>& named_parameters,
-    Communicator& group, const DataParallelOptions& options) {
+    const GroupHandle& handle, const DataParallelOptions& options) {
   if (options.version != DataParallelOptions::kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("DataParallelOptions version ", options.version,
                                                    ", this library reads ",
@@ -604,7 +617,9 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
                                                    "got ", ReduceOpName(options.reduce_op)));
   }
   auto st = std::make_shared<State>();
-  st->group = &group;
+  st->handle = handle;
+  STRATA_RETURN_IF_ERROR(st->ResolveGroup());
+  Communicator& group = *st->group;
   st->opts = options;
   std::set<const void*> distinct;
   for (const auto& [name, p] : named_parameters) {
@@ -727,26 +742,31 @@ void DataParallel::ZeroGrad() {
   s.reduced = s.fresh = false;
 }
 
-absl::Status DataParallel::FinishGradSync() { return state_->Finish(); }
+absl::Status DataParallel::FinishGradSync() {
+  if (!state_->in_backward) STRATA_RETURN_IF_ERROR(state_->ResolveGroup());
+  return state_->Finish();
+}
 
-absl::Status DataParallel::Rebuild(Communicator& group) {
+absl::Status DataParallel::Rebuild(const GroupHandle& group) {
   State& s = *state_;
   ZeroGrad();
-  s.group = &group;
-  if (s.final && group.size() > 1) {
+  s.handle = group;
+  s.group = nullptr;
+  STRATA_RETURN_IF_ERROR(s.ResolveGroup());
+  if (s.final && s.group->size() > 1) {
     const int64_t d = Digest(Describe(s.entries, s.layout, s.opts));
     std::vector<int64_t> t = {d, -d};
     STRATA_RETURN_IF_ERROR(s.Agree(t, ReduceOp::kMax));
     if (t[0] != -t[1]) {
       return absl::InvalidArgumentError(
           absl::StrCat("DataParallel: bucket mismatch: after Rebuild the ranks of group '",
-                       group.name(), "' hold different gradient buckets"));
+                       s.group->name(), "' hold different gradient buckets"));
     }
   }
   return absl::OkStatus();
 }
 
-Communicator& DataParallel::group() const { return *state_->group; }
+const GroupHandle& DataParallel::group() const { return state_->handle; }
 
 int DataParallel::num_buckets() const { return static_cast<int>(state_->layout.buckets.size()); }
 

@@ -1,7 +1,8 @@
 // What the conformance suite (comm_conformance_test) cannot say for every
 // backend, on N ranks of a launched job: counts split into several MPI calls
-// (MpiOptions::max_elements_per_call), and root communicators rebuilt in
-// one process with an operation in flight.
+// (MpiOptions::max_elements_per_call), root communicators rebuilt in one
+// process with an operation in flight, and a receive failed by Abort that
+// leaves its buffer alone when the message comes later.
 #include <memory>
 #include <vector>
 
@@ -145,6 +146,50 @@ TEST_F(AsyncTest, RootCommunicatorsAreRebuilt) {
       absl::Status s = pending->Wait(absl::Now() + absl::Seconds(30));
       EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
     }
+  }
+}
+
+// Once a pending receive has failed (here by Abort), its caller may free
+// the buffer: a message that arrives afterwards must not be written into it
+// (MPI cannot forget a posted receive unless it is cancelled; the pipeline
+// runner frees its receive buffers after a failed step).
+TEST_F(AsyncTest, AnAbortedReceiveLeavesItsBufferAlone) {
+  if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  absl::StatusOr<LaunchEnv> env = LaunchEnv::Detect();
+  ASSERT_TRUE(env.ok());
+  RootOptions options = HarnessRootOptions();
+  options.comm.name = "aborted";
+  STRATA_ASSERT_OK_AND_ASSIGN(auto c, CreateRootCommunicator(*env, options));
+  CommOptions control_options;
+  control_options.name = "control";
+  STRATA_ASSERT_OK_AND_ASSIGN(auto control, c->Split(0, rank(), control_options));
+  auto barrier = [&] {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto w, control->Barrier());
+    STRATA_ASSERT_OK(Wait(*w));
+  };
+  std::vector<int32_t> got(4, -1);
+  if (rank() == 0) {
+    STRATA_ASSERT_OK_AND_ASSIGN(auto pending, c->Recv(Buffer::Of(got.data(), got.size()), 1));
+    STRATA_ASSERT_OK(c->Abort());
+    absl::Status s = pending->Wait(absl::Now() + absl::Seconds(30));
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+  }
+  barrier();  // rank 0's receive has failed: rank 1 sends what it waited for
+  if (rank() == 1) {
+    // MPI delivers the message to nobody; Gloo tells the sender that rank 0
+    // gave up on it.
+    std::vector<int32_t> seven(4, 7);
+    STRATA_ASSERT_OK_AND_ASSIGN(auto w, c->Send(Buffer::Of(seven.data(), seven.size()), 0));
+    absl::Status sent = Wait(*w);
+    EXPECT_TRUE(sent.ok() || sent.code() == absl::StatusCode::kUnavailable) << sent;
+  }
+  barrier();
+  if (rank() == 0) {
+    absl::SleepFor(absl::Milliseconds(300));  // time for the message to land anywhere
+    barrier();
+    EXPECT_EQ(got, std::vector<int32_t>(4, -1)) << "the aborted receive's buffer was written";
+  } else {
+    barrier();
   }
 }
 

@@ -176,6 +176,17 @@ class STRATA_EXPORT Work {
   virtual absl::StatusOr<bool> Test() = 0;
   // "allreduce(sum, 1048576 x fp32) on group tp (rank 1 of 2, world rank 3)".
   virtual std::string Describe() const = 0;
+
+  // For the owner of an operation's buffers once the communicator that
+  // started it was destroyed (with the operation failed or abandoned): keeps
+  // `holder` (what keeps the buffers alive) as long as the backend may still
+  // read or write them, then releases it, on whatever thread lets go last.
+  // Backends whose destruction ends every use of the buffers (their threads
+  // joined, their streams synchronised: Gloo, NCCL, the test doubles)
+  // release it at once, which this default does. MPI cannot cancel a
+  // collective: an operation whose requests are still pending keeps it
+  // until MPI completes them or the process exits.
+  virtual void KeepBuffersAlive(std::shared_ptr<void> holder) { holder.reset(); }
 };
 
 class STRATA_EXPORT Communicator {
@@ -264,6 +275,11 @@ class STRATA_EXPORT Communicator {
   // Stops this rank's use of the communicator in bounded time: pending Work
   // fails with Aborted, later calls fail with FailedPrecondition. Peers are
   // not told (see Revoke). Safe to call from any thread, and more than once.
+  // Once a receive's Work has failed (Abort, Revoke, its deadline) its
+  // buffer may be freed: nothing arriving later is written into it. MPI
+  // cannot cancel a collective, so on MPI a failed collective's buffers
+  // may still be written until MPI completes it; keep them alive, or end
+  // the job's use of MPI.
   absl::Status Abort();
   // Makes pending and future operations fail with Aborted on every rank of
   // the group (ULFM MPIX_Comm_revoke, ncclCommRevoke), so survivors stop

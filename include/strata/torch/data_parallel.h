@@ -5,7 +5,7 @@
 // given parameters are averaged (or summed) over a data-parallel group,
 // bucket by bucket, while backward still runs.
 //
-//   strata::Communicator& dp = *world->Group("dp").value();
+//   strata::GroupHandle dp = world->Handle("dp").value();
 //   auto ddp = strata::nn::DataParallel::Create(model->named_parameters(), dp).value();
 //   torch::optim::AdamW opt(model->parameters(), 1e-3);
 //   for (auto& [x, y] : batches) {          // this dp rank's part of each batch
@@ -43,12 +43,21 @@
 // untouched (do not call step()), the gradient buffers hold reduced and
 // local values; ZeroGrad() or Rebuild() abandons the step.
 //
+// The group is a handle (strata/parallel/group_handle.h), resolved at the
+// start of every backward pass (and FinishGradSync): after a World rebuild
+// (a replica left), the next backward reduces over the new generation's
+// group, averaging over its size; the buckets do not depend on the group's
+// size, so nothing else changes. A step whose reduction failed in the old
+// generation is abandoned with ZeroGrad() first. A handle that cannot be
+// followed (its World destroyed, a pinned layout that changed) makes
+// backward() throw the handle's error. A communicator without a World:
+// GroupHandle::Fixed(&comm), which must then outlive the DataParallel.
+//
 // ZeRO-1 (sharded optimizer state) is Python's strata.optim.
 //
 // Thread-safety: not thread-safe; backward passes of the parameters run one
-// at a time. The communicator and the parameters must outlive it; it must
-// outlive the backward passes that use its hooks (the destructor removes
-// them).
+// at a time. The parameters must outlive it; it must outlive the backward
+// passes that use its hooks (the destructor removes them).
 #pragma once
 
 #include <torch/torch.h>
@@ -63,6 +72,7 @@
 #include "absl/time/time.h"
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 
 namespace strata::nn {
 
@@ -100,11 +110,11 @@ class STRATA_EXPORT DataParallel {
   // flat buffers. Parameters that do not require grad are skipped.
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
       const std::vector<std::pair<std::string, ::torch::Tensor>>& named_parameters,
-      Communicator& group, const DataParallelOptions& options = {});
+      const GroupHandle& group, const DataParallelOptions& options = {});
   // From a module's named_parameters().
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
       const ::torch::OrderedDict<std::string, ::torch::Tensor>& named_parameters,
-      Communicator& group, const DataParallelOptions& options = {});
+      const GroupHandle& group, const DataParallelOptions& options = {});
 
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
@@ -130,12 +140,13 @@ class STRATA_EXPORT DataParallel {
   // Starts every bucket not started yet and waits for all of them (what the
   // end of backward does by itself).
   absl::Status FinishGradSync();
-  // Moves to a new data-parallel group (in-process recovery: a group
-  // rebuilt without a lost replica). Abandons the step under way; keeps the
-  // bucket order. Collective over the new group.
-  absl::Status Rebuild(Communicator& group);
+  // Moves to another data-parallel group (in-process recovery without a
+  // World: a communicator shrunk without a lost replica; a World's handle
+  // follows its rebuilds without this). Abandons the step under way; keeps
+  // the bucket order. Collective over the new group.
+  absl::Status Rebuild(const GroupHandle& group);
 
-  Communicator& group() const;
+  const GroupHandle& group() const;
   int num_buckets() const;
   // The parameters of bucket `b`, in their order in the buffer.
   std::vector<std::string> bucket_parameters(int b) const;

@@ -27,6 +27,9 @@ class MpiWork final : public Work {
   absl::Status Wait(absl::Time deadline) override { return op_->Wait(deadline); }
   absl::StatusOr<bool> Test() override { return op_->Test(); }
   std::string Describe() const override { return op_->description(); }
+  // The op lives while MPI may use its buffers (the engine, or the runtime
+  // until exit, holds it while requests are pending).
+  void KeepBuffersAlive(std::shared_ptr<void> holder) override { op_->Keep(std::move(holder)); }
 
  private:
   std::shared_ptr<Op> op_;
@@ -461,6 +464,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoRecv(Buffer buffer, int
       expected.push_back(n);
       return absl::OkStatus();
     });
+    o.cancel_on_failure = true;
     // A shorter message than the buffer is not an MPI error; it is ours.
     const std::string description = o.description();
     const DataType dtype = buffer.dtype;

@@ -41,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,6 +170,21 @@ class Op {
   // The operation's record (null unless a sink records it): completed by
   // Complete.
   std::shared_ptr<observe::OpTrace> trace;
+  // Receives: when the operation fails (its deadline, Abort, Revoke), the
+  // engine cancels its requests and waits (boundedly) for MPI to let go of
+  // the buffer before marking it done, so that a caller who frees the
+  // buffer after a failed Wait is safe. Collectives cannot be cancelled in
+  // MPI: their buffers may be written until MPI completes them.
+  bool cancel_on_failure = false;
+
+  // Asks the engine thread to fail the operation with `status` (after
+  // cancelling it, for cancel_on_failure); false if it is done already.
+  bool RequestFailure(const absl::Status& status);
+
+  // Keeps `holder` until the op is destroyed, i.e. until nothing (the
+  // engine, the runtime at exit) keeps it for requests MPI may still
+  // complete (Work::KeepBuffersAlive). Thread-safe.
+  void Keep(std::shared_ptr<void> holder);
 
  private:
   friend class Engine;
@@ -181,6 +197,9 @@ class Op {
   std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
+  // Set by RequestFailure (under mu_), taken by the engine thread.
+  std::optional<absl::Status> failure_request_;
+  std::vector<std::shared_ptr<void>> kept_;  // guarded by mu_
   // Engine thread only.
   bool retired_ = false;
   bool mpi_done_ = false;
@@ -211,6 +230,9 @@ class Engine : public ExitHook {
   // now, without waiting for MPI.
   void FailPending(const CommState* comm, const absl::Status& status);
 
+  // How long the engine waits for MPI to release a cancelled receive.
+  static constexpr absl::Duration kCancelWait = absl::Seconds(5);
+
   // Stops the thread; pending operations fail with Aborted. Idempotent.
   void Stop();
   void StopBeforeFinalize() override { Stop(); }
@@ -221,6 +243,9 @@ class Engine : public ExitHook {
   // Completed and failed operations are marked retired.
   bool Pass(const std::vector<std::shared_ptr<Op>>& ops);
   void ReapOrphans();
+  // Cancels `op`'s requests and waits up to kCancelWait for them to
+  // complete (engine thread).
+  static void CancelRequests(Op& op);
   // Moves an op whose requests may still be in flight to the orphans.
   void Orphan(std::shared_ptr<Op> op);
 

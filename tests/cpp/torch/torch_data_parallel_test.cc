@@ -111,7 +111,8 @@ TEST_P(DataParallelTest, TrainingEqualsTheUnshardedModel) {
   std::vector<int> buckets(static_cast<size_t>(dp));
   RunRanks(dp, [&](int rank, Communicator& comm) {
     MLP m = models[static_cast<size_t>(rank)];
-    auto ddp = nn::DataParallel::Create(m->named_parameters(), comm, SmallBuckets());
+    auto ddp =
+        nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm), SmallBuckets());
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     ::torch::optim::Adam opt(m->parameters(), 1e-2);
     for (int s = 0; s < steps; ++s) {
@@ -141,7 +142,9 @@ TEST_P(DataParallelTest, FourMicrobatchesUnderNoSyncEqualOneBatch) {
   RunRanks(dp, [&](int rank, Communicator& comm) {
     for (int micro : {1, 4}) {
       MLP m = models[static_cast<size_t>(rank + (micro == 4 ? dp : 0))];
-      auto ddp = nn::DataParallel::Create(m->named_parameters(), comm, SmallBuckets()).value();
+      auto ddp =
+          nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm), SmallBuckets())
+              .value();
       ::torch::optim::Adam opt(m->parameters(), 1e-2);
       for (int s = 0; s < 3; ++s) {
         auto [x, y] = Batch(s);
@@ -184,7 +187,8 @@ TEST(DataParallelOverlap, FirstBucketStartsBeforeBackwardEnds) {
     MLP m = models[static_cast<size_t>(rank)];
     nn::DataParallelOptions o = SmallBuckets();
     o.bucket_bytes = 600;
-    auto ddp = nn::DataParallel::Create(m->named_parameters(), comm, o).value();
+    auto ddp =
+        nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm), o).value();
     for (int s = 0; s < 2; ++s) {  // the first backward sets the layout
       auto [x, y] = Batch(s);
       ddp->ZeroGrad();
@@ -212,7 +216,7 @@ TEST(DataParallelErrors, ShapeThatDiffersAcrossRanksIsNamed) {
   std::vector<std::string> messages(4);
   RunRanks(4, [&](int rank, Communicator& comm) {
     ::torch::nn::Linear l(8, rank == 2 ? 5 : 4);
-    auto ddp = nn::DataParallel::Create(l->named_parameters(), comm);
+    auto ddp = nn::DataParallel::Create(l->named_parameters(), GroupHandle::Fixed(&comm));
     ASSERT_FALSE(ddp.ok());
     EXPECT_EQ(ddp.status().code(), absl::StatusCode::kInvalidArgument);
     messages[static_cast<size_t>(rank)] = std::string(ddp.status().message());
@@ -240,7 +244,7 @@ TEST(DataParallelErrors, UnusedParametersAreNamedOnEveryRank) {
   ::torch::set_num_threads(1);
   RunRanks(2, [&](int rank, Communicator& comm) {
     TwoHeads m;
-    auto ddp = nn::DataParallel::Create(m->named_parameters(), comm).value();
+    auto ddp = nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm)).value();
     try {
       m->forward(::torch::ones({3, 4})).sum().backward();
       ADD_FAILURE() << "backward did not raise";
@@ -255,7 +259,8 @@ TEST(DataParallelErrors, UnusedParametersAreNamedOnEveryRank) {
     TwoHeads m;
     nn::DataParallelOptions o;
     o.find_unused_parameters = true;
-    auto ddp = nn::DataParallel::Create(m->named_parameters(), comm, o).value();
+    auto ddp =
+        nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm), o).value();
     m->forward(::torch::ones({3, 4})).sum().backward();
     EXPECT_EQ(m->spare->weight.grad().abs().sum().item<float>(), 0.0f);
     EXPECT_GT(m->used->weight.grad().abs().sum().item<float>(), 0.0f);
@@ -286,7 +291,8 @@ TEST(DataParallelErrors, BucketOrderThatDiffersAcrossRanksIsNamed) {
     Branches m(rank == 1);
     nn::DataParallelOptions o;
     o.bucket_bytes = 64;
-    auto ddp = nn::DataParallel::Create(m->named_parameters(), comm, o).value();
+    auto ddp =
+        nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(&comm), o).value();
     try {
       m->forward(::torch::ones({2, 4})).sum().backward();
       ADD_FAILURE() << "backward did not raise";
@@ -325,7 +331,8 @@ TEST(DataParallelFailure, AFailedReductionIsAbandonedWholeAndTrainingGoesOnOnANe
   for (int rank = 0; rank < dp; ++rank) {
     threads.emplace_back([&, rank] {
       MLP m = models[static_cast<size_t>(rank)];
-      auto ddp = nn::DataParallel::Create(m->named_parameters(), *a[rank]).value();
+      auto ddp = nn::DataParallel::Create(m->named_parameters(), GroupHandle::Fixed(a[rank].get()))
+                     .value();
       ::torch::optim::SGD opt(m->parameters(), 0.1);
       auto train = [&](int s) {
         auto [x, y] = Batch(s);
@@ -351,7 +358,7 @@ TEST(DataParallelFailure, AFailedReductionIsAbandonedWholeAndTrainingGoesOnOnANe
       absl::Status s = ddp->FinishGradSync();
       EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
       EXPECT_NE(s.message().find("abandon the step"), absl::string_view::npos) << s;
-      ASSERT_TRUE(ddp->Rebuild(*b[rank]).ok());
+      ASSERT_TRUE(ddp->Rebuild(GroupHandle::Fixed(b[rank].get())).ok());
       train(2);
       for (const Tensor& p : m->parameters()) got[rank].push_back(p.detach());
     });
