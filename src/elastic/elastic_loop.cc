@@ -63,19 +63,48 @@ ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOpti
   config.options = options_;
   config.rank = rank_;
   config.on_alarm = [this](const Detection& d, uint64_t epoch) { OnAlarm(d, epoch); };
+  aborter_ = std::thread([this] { RunAborter(); });
   monitor_ = std::make_unique<HeartbeatMonitor>(std::move(config));
   monitor_->Watch(membership_);
 }
 
-ElasticLoop::~ElasticLoop() { monitor_->Stop(); }
+ElasticLoop::~ElasticLoop() {
+  monitor_->Stop();  // no more alarms
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    abort_stop_ = true;
+  }
+  abort_cv_.notify_all();
+  aborter_.join();
+}
 
-void ElasticLoop::OnAlarm(const Detection& alarm, uint64_t epoch) {
-  // Every communicator of this rank fails now, so that a step blocked in a
-  // collective returns; and the step being voted on cannot commit.
-  std::lock_guard<std::mutex> lock(epoch_mu_);
-  if (epoch != epoch_.load()) return;  // the loop has moved on
-  hooks_.abort_all();
-  commit_->Abort(epoch, current_step_.load());
+void ElasticLoop::OnAlarm(const Detection& /*alarm*/, uint64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    abort_epoch_ = std::max(abort_epoch_.value_or(0), epoch);
+  }
+  abort_cv_.notify_all();
+}
+
+void ElasticLoop::RunAborter() {
+  std::unique_lock<std::mutex> lock(abort_mu_);
+  while (true) {
+    abort_cv_.wait(lock, [&] { return abort_stop_ || abort_epoch_.has_value(); });
+    if (abort_stop_) return;
+    const uint64_t epoch = *abort_epoch_;
+    abort_epoch_.reset();
+    lock.unlock();
+    {
+      // Every communicator of this rank fails now, so that a step blocked
+      // in a collective returns; and the step being voted on cannot commit.
+      std::lock_guard<std::mutex> l(epoch_mu_);
+      if (epoch == epoch_.load()) {  // else the loop has moved on
+        hooks_.abort_all();
+        commit_->Abort(epoch, current_step_.load());
+      }
+    }
+    lock.lock();
+  }
 }
 
 bool ElasticLoop::alarmed() const { return monitor_->alarm().has_value(); }

@@ -19,8 +19,9 @@
 //
 // Detection (every source bounded and reported in the event): an error of
 // the step (ReportFailure), the heartbeat monitor (a hung or dead rank), the
-// epoch's alarm raised by any other rank (the monitor aborts this rank's
-// World at once, so a step blocked in a collective returns), the commit
+// epoch's alarm raised by any other rank (the loop's aborter thread aborts
+// this rank's World at once, so a step blocked in a collective returns; the
+// monitor's heartbeats never wait for that abort), the commit
 // aborted. Agreement: agreement.h. Commit: step_commit.h. Regroup:
 // World::root().Shrink(ranks not in the new epoch), World::Rebuild(new root,
 // new mesh), and a barrier over the new world. A failure during a recovery
@@ -39,10 +40,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -159,13 +163,26 @@ class STRATA_EXPORT ElasticLoop {
  private:
   ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
               ElasticHooks hooks);
+  // The monitor's reaction to an alarm: hands the abort to the aborter's
+  // thread and returns at once.
   void OnAlarm(const Detection& alarm, uint64_t epoch);
-  // The epoch this rank is in (membership_.epoch), for the monitor's thread.
+  // The aborter's thread: aborts the World (and the step being voted on)
+  // for each alarm OnAlarm hands it. An abort may wait (MPI's waits up to
+  // seconds for pending receives to be cancelled), and the monitor's
+  // heartbeats must never wait behind it: a rank whose heartbeat stalls is
+  // taken as hung by the others.
+  void RunAborter();
+  // The epoch this rank is in (membership_.epoch), for the aborter's thread.
   std::atomic<uint64_t> epoch_{1};
-  // Held by OnAlarm while it aborts the World, and by the loop while it
+  // Held by the aborter while it aborts the World, and by the loop while it
   // moves to a new epoch: an alarm of an epoch that ended never aborts the
   // World of the next.
   std::mutex epoch_mu_;
+  std::mutex abort_mu_;
+  std::condition_variable abort_cv_;
+  std::optional<uint64_t> abort_epoch_;  // guarded by abort_mu_: an abort to do
+  bool abort_stop_ = false;              // guarded by abort_mu_
+  std::thread aborter_;
   // One attempt; `decided` gets the event of its decision (before the
   // regroup), so that a later attempt's event can name what this one found.
   absl::StatusOr<Recovery> RecoverOnce(int attempt, std::vector<RecoveryEvent>& decided);

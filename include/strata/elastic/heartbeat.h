@@ -11,9 +11,9 @@
 //      gone (or a zombie) is found at once through /proc; either raises the
 //      epoch's alarm and records the evidence under suspect/<rank>;
 //   3. looks at the epoch's alarm key; the first time it is set, calls
-//      `on_alarm` (the elastic loop aborts this rank's communicators there,
-//      so a main thread blocked in a collective returns at once) and checks
-//      this rank in for the agreement (alive/<rank>).
+//      `on_alarm` (the elastic loop has its own thread abort this rank's
+//      communicators then, so a main thread blocked in a collective returns
+//      at once) and checks this rank in for the agreement (alive/<rank>).
 // That is three store operations per rank per interval, whatever the world
 // size. Keys carry the epoch (keys.h); Watch() moves to a new epoch. While
 // the successor's key of the new epoch is absent, its key of the previous
@@ -24,8 +24,10 @@
 //
 // Thread-safety: every method may be called from any thread; on_alarm runs
 // on the thread that first sees the alarm (the monitor's, or a caller of
-// Raise) and must not call back into the monitor. The destructor stops and
-// joins the thread.
+// Raise), must not call back into the monitor, and must return at once:
+// the next heartbeat waits for it (work that may block, such as aborting
+// communicators, belongs on a thread of the caller's). The destructor stops
+// and joins the thread.
 #pragma once
 
 #include <condition_variable>

@@ -6,13 +6,16 @@
 // lost the rank leaves, and the parameters after the last step equal a
 // reference computed here that applies every step once (the global batch
 // is kept, so the reference does not depend on dp). Also: two failures in
-// a row, and 50 planned regroups in one process without leaking threads,
-// file descriptors or memory.
+// a row, 50 planned regroups in one process without leaking threads,
+// file descriptors or memory, and heartbeats that go on while an abort of
+// the World blocks.
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
+#include "elastic/internal/keys.h"
 #include "strata/elastic/elastic_loop.h"
 #include "strata/parallel/world.h"
 
@@ -75,7 +79,8 @@ struct RankResult {
 
 // Runs `steps` steps on `n` threads over a mesh of `tp`; rank `fates[r]`
 // at step `at[r]`.
-std::vector<RankResult> Train(int n, int tp, int64_t steps, std::map<int, std::pair<Fate, int64_t>> fates,
+std::vector<RankResult> Train(int n, int tp, int64_t steps,
+                              std::map<int, std::pair<Fate, int64_t>> fates,
                               ElasticOptions options = TestOptions()) {
   auto store = MakeMemoryStore();
   std::vector<RankResult> results(n);
@@ -222,7 +227,8 @@ void ExpectRecovered(const std::vector<RankResult>& results, const std::vector<i
     EXPECT_EQ(res.membership.mesh.dp, dp) << "rank " << r;
     ASSERT_FALSE(res.loop.events.empty());
     if (r == res.membership.members[0]) {
-      for (const RecoveryEvent& e : res.loop.events) std::fprintf(stderr, "%s\n", e.ToJson().c_str());
+      for (const RecoveryEvent& e : res.loop.events)
+        std::fprintf(stderr, "%s\n", e.ToJson().c_str());
     }
     // Every survivor holds the same events.
     const RankResult& first = results[res.membership.members[0]];
@@ -258,8 +264,7 @@ TEST(ElasticLoopTest, AHungRankIsFoundByItsHeartbeat) {
 }
 
 TEST(ElasticLoopTest, TwoFailuresInARow) {
-  std::vector<RankResult> results =
-      Train(8, 2, 9, {{5, {Fate::kDie, 2}}, {0, {Fate::kDie, 5}}});
+  std::vector<RankResult> results = Train(8, 2, 9, {{5, {Fate::kDie, 2}}, {0, {Fate::kDie, 5}}});
   ExpectRecovered(results, {5, 0}, {4, 1}, 9, 3, 2);
   const std::vector<RecoveryEvent>& events = results[2].loop.events;
   ASSERT_EQ(events.size(), 2u);
@@ -338,6 +343,86 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
   EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
   EXPECT_LE(CountEntries("/proc/self/fd"), fds_before);
   EXPECT_LT(RssKib() - rss_before, 64 * 1024) << "RSS grew from " << rss_before << " KiB";
+}
+
+// The monitor's heartbeats never wait behind the abort an alarm causes: an
+// abort may block (MPI's waits up to seconds for pending receives to be
+// cancelled), and a rank whose heartbeat stops meanwhile would be taken as
+// hung by the others. The alarm is set in the store as another rank sets
+// it, so that this rank's monitor thread is the one that sees it.
+TEST(ElasticLoopTest, HeartbeatsGoOnWhileAnAbortBlocks) {
+  auto store = MakeMemoryStore();
+  RootOptions ro;
+  ro.comm.timeout = absl::Seconds(60);
+  auto root = gloo::GlooCommunicator::CreateRoot(ro, store, 0, 1);
+  ASSERT_TRUE(root.ok()) << root.status();
+  MeshSpec spec;
+  spec.world_size = 1;
+  auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+  ASSERT_TRUE(world.ok()) << world.status();
+
+  const absl::Duration blocked_for = absl::Milliseconds(2500);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> aborts{0};
+  std::atomic<int64_t> abort_started_ns{0};
+  ElasticHooks hooks;
+  hooks.abort_all = [&] {
+    abort_started_ns.store(absl::ToUnixNanos(absl::Now()));
+    ++aborts;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, absl::ToChronoNanoseconds(blocked_for), [&] { return release; });
+  };
+  ElasticOptions o = TestOptions();
+  o.job = "blocked-abort";
+  auto loop = ElasticLoop::Create(**world, store, o, hooks);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+
+  const internal::Keys keys(o.job, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // The first heartbeat, then the alarm.
+  ASSERT_TRUE(store->Get(keys.Heartbeat(0), deadline).ok());
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = 1;
+  d.detail = "set by the test";
+  d.found_at = d.failed_at = absl::Now();
+  ASSERT_TRUE(store->Set(keys.Alarm(), EncodeDetection(d), deadline).ok());
+  while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(aborts.load(), 1) << "the alarm did not abort the World";
+
+  // While the abort blocks, the heartbeat keeps changing.
+  const absl::Time start = absl::FromUnixNanos(abort_started_ns.load());
+  std::string last = *store->Get(keys.Heartbeat(0), deadline);
+  absl::Time last_change = absl::Now();
+  absl::Duration longest = absl::ZeroDuration();
+  int changes = 0;
+  while (absl::Now() < start + blocked_for - absl::Milliseconds(200)) {
+    absl::SleepFor(absl::Milliseconds(10));
+    std::string v = *store->Get(keys.Heartbeat(0), deadline);
+    const absl::Time now = absl::Now();
+    if (v != last) {
+      longest = std::max(longest, now - last_change);
+      last = v;
+      last_change = now;
+      ++changes;
+    }
+  }
+  longest = std::max(longest, absl::Now() - last_change);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_GE(changes, 3) << "the heartbeat changed " << changes << " times in "
+                        << absl::FormatDuration(blocked_for) << " of a blocked abort";
+  EXPECT_LT(longest, blocked_for / 2)
+      << "the heartbeat stood still for " << absl::FormatDuration(longest)
+      << " while the abort blocked (interval " << absl::FormatDuration(o.heartbeat_interval) << ")";
+  EXPECT_TRUE((*loop)->alarmed());
+  loop->reset();  // joins the monitor and the aborter
+  EXPECT_EQ(aborts.load(), 1);
 }
 
 }  // namespace
