@@ -285,11 +285,22 @@ class PyWorld {
 
   void Destroy() {
     py::gil_scoped_release release;
+    {
+      std::shared_lock<std::shared_mutex> lock(owner_->mu());
+      if (owner_->alive()) mesh_ = owner_->world()->mesh();  // for repr afterwards
+    }
     owner_->Destroy();
   }
   size_t kept() const { return owner_->kept(); }
   bool alive() const { return owner_->alive(); }
-  const Mesh& mesh() const { return mesh_; }
+  // The current generation's mesh (the elastic layer rebuilds the World
+  // from C++, past Rebuild above); the last one once destroyed.
+  Mesh mesh() const {
+    py::gil_scoped_release release;
+    std::shared_lock<std::shared_mutex> lock(owner_->mu());
+    return owner_->alive() ? owner_->world()->mesh() : mesh_;
+  }
+  std::shared_ptr<Owner> owner() const { return owner_; }
 
  private:
   Mesh mesh_;  // kept for repr after destroy; updated by Rebuild
@@ -559,6 +570,30 @@ GroupRef GroupRefOf(py::handle group) {
   ref.handle = g->handle();
   ref.mu = &owner->mu();
   ref.alive = [o = owner.get()] { return o->alive(); };
+  ref.owner = std::move(owner);
+  return ref;
+}
+
+WorldRef WorldRefOf(py::handle world) {
+  PyWorld* w = nullptr;
+  try {
+    w = py::cast<PyWorld*>(py::hasattr(world, "_raw") ? world.attr("_raw") : world);
+  } catch (const py::cast_error&) {
+    RaiseStatus(
+        absl::InvalidArgumentError(absl::StrCat("expected a strata.World, got ",
+                                                py::str(py::type::of(world)).cast<std::string>())),
+        ErrorArea::kComm);
+  }
+  if (w == nullptr) {
+    RaiseStatus(absl::InvalidArgumentError("expected a strata.World, got None"), ErrorArea::kComm);
+  }
+  std::shared_ptr<Owner> owner = w->owner();
+  if (!owner->alive()) ThrowIfError(owner->Gone("world"), ErrorArea::kComm);
+  WorldRef ref;
+  ref.mu = &owner->mu();
+  ref.alive = [o = owner.get()] { return o->alive(); };
+  ref.abort_all = [o = owner.get()] { o->AbortAll(); };
+  ref.world = [o = owner.get()] { return o->world(); };
   ref.owner = std::move(owner);
   return ref;
 }

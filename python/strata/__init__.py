@@ -23,6 +23,7 @@ from .errors import (
     TimeoutError,
     Aborted,
     TopologyError,
+    ElasticError,
 )
 
 __version__ = _build_info()["version"]
@@ -74,6 +75,7 @@ __all__ = [
     "CheckpointError",
     "PipelineError",
     "TopologyError",
+    "ElasticError",
 ]
 
 

@@ -69,6 +69,12 @@ const Row kRows[] = {
       "copies); 0 keeps it on Gloo's TCP transport. Every rank must see the same value",
       "docs/launch.md"},
      &Settings::gloo_cma},
+    {{"STRATA_ELASTIC_SUPERVISED", SettingType::kText, "",
+      "Set by strata.elastic.supervise() in the training process it forks under torchrun (the "
+      "supervising process's pid), so that a second call, or a subprocess that runs the script "
+      "again, does not fork once more. Set by hand, supervise() does nothing",
+      "docs/elastic.md"},
+     &Settings::elastic_supervised},
 };
 
 // What a kind of value takes, for messages.

@@ -97,6 +97,9 @@ struct STRATA_EXPORT Settings {
   // STRATA_GLOO_CMA: let Gloo groups whose ranks share a host copy between
   // the ranks' buffers (host copies) instead of using Gloo's TCP transport.
   bool gloo_cma = true;
+  // STRATA_ELASTIC_SUPERVISED: set by strata.elastic.supervise() in the
+  // training process it forks (the supervisor's pid); "" elsewhere.
+  std::string elastic_supervised;
 
   // The text of each registered variable that was set, by name.
   std::map<std::string, std::string> from_environment;

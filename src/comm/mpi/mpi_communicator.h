@@ -17,10 +17,13 @@
 //            communicator too, and only the survivors call it: they meet
 //            on the control duplicate (never revoked) with point-to-point
 //            messages bounded by the timeout, then create the new
-//            communicator among themselves: MPI_Comm_create_group on the
-//            control duplicate, or, when a rank has failed (ULFM refuses
-//            create_group on a parent containing a failed rank),
-//            MPI_Comm_create_from_group. MPIX_Comm_shrink is not used: it
+//            communicator among themselves: under fault tolerance, or when
+//            a survivor knows of a failed rank, MPI_Comm_create_from_group
+//            (ULFM refuses create_group on a parent containing a failed
+//            rank, on each survivor from the moment it learns of it, so
+//            survivors that learn at different moments would part ways);
+//            otherwise MPI_Comm_create_group on the control duplicate.
+//            MPIX_Comm_shrink is not used: it
 //            needs every live rank, live excluded ones included, to call it.
 //            (Communicator checks the excluded ranks and keeps the excluded
 //            ones out; the survivors and their hash come in the ShrinkPlan.)

@@ -211,12 +211,23 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoShrink(
     failures |= msg[5];
   }
 
-  // 2. Create the communicator among the survivors only. Without failures,
-  // MPI_Comm_create_group on the control communicator (only the group's
-  // members take part). With failures, ULFM refuses that on a parent that
-  // contains a failed rank, so the communicator is built from the group
-  // alone with MPI_Comm_create_from_group (PMIx), named by the uid that
-  // every survivor computes alike.
+  // 2. Create the communicator among the survivors only, all of them the
+  // same way. MPI_Comm_create_group on the control communicator (only the
+  // group's members take part) fails under ULFM with MPI_ERR_PROC_FAILED
+  // on a rank that knows of a failed rank in the parent, even one outside
+  // the group, while the members that do not know yet wait in it for the
+  // ones that failed out, without a deadline. What a rank knows can change
+  // after the rendezvous (a strata heartbeat or probe may find a death
+  // before ULFM does, and ULFM then reports it to each rank at its own
+  // moment), so when ranks are excluded under fault tolerance, or when any
+  // survivor knows of a failure, the communicator is built from the group
+  // alone with MPI_Comm_create_from_group (PMIx), which does not look at
+  // the parent, named by the uid that every survivor computes alike.
+  // Without fault tolerance a failure ends the job, and create_group
+  // (which also works in a singleton) is used.
+  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
+  const bool fault_tolerant = info.ok() && (*info)->fault_tolerant;
+  const bool from_group = failures != 0 || (fault_tolerant && m < size());
   const std::string uid =
       absl::StrCat(state_->uid(), "/k", absl::Hex(plan.survivors_hash), "-", seq);
   MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
@@ -224,9 +235,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoShrink(
   int rc = MPI_Comm_group(ctrl, &parent);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, plan.survivors.data(), &group);
   if (rc == MPI_SUCCESS) {
-    rc = failures != 0 ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
-                                                    MPI_ERRORS_RETURN, &comm)
-                       : MPI_Comm_create_group(ctrl, group, tag, &comm);
+    rc = from_group ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
+                                                 MPI_ERRORS_RETURN, &comm)
+                    : MPI_Comm_create_group(ctrl, group, tag, &comm);
   }
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
