@@ -147,13 +147,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
   family->device = device;
 
   // The topology profile: environment variables before NCCL's first use,
-  // config fields for every communicator. Detection failing is not fatal.
+  // config fields for every communicator. Detection failing is not fatal;
+  // asking for another profile than the process's first communicator is.
   NcclCommSetupOptions setup_options;
   setup_options.apply_profile = options.nccl.apply_profile;
   setup_options.comm_name = options.comm.name;
   setup_options.nccl_version = api->version;
   setup_options.nccl_library = NcclLibraryInfo{api->path, api->version, api->source, api->reason};
   absl::StatusOr<NcclCommSetup> setup = PrepareNcclCommunicator(setup_options);
+  // Another profile than the one this process already gave NCCL cannot be
+  // honoured: an error, not a note.
+  if (absl::IsFailedPrecondition(setup.status())) return setup.status();
   if (setup.ok()) {
     family->profile = setup->config;
     if (setup->first_in_process && env.rank == 0) {

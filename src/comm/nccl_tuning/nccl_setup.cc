@@ -28,6 +28,9 @@ struct ProcessSetup {
   NcclProfile profile ABSL_GUARDED_BY(mu);
   std::vector<std::string> env_set ABSL_GUARDED_BY(mu);
   bool applied ABSL_GUARDED_BY(mu) = false;
+  // What the first call asked for, in words, so that a later call asking
+  // for another profile is refused naming both (it could not be honoured).
+  std::string request ABSL_GUARDED_BY(mu);
 };
 
 ProcessSetup& Process() {
@@ -51,6 +54,20 @@ void Log(const NcclCommSetupOptions& options, const std::string& line) {
   }
 }
 
+// The inputs that decide the process's profile, in words. Two calls with the
+// same words get the same profile; comm_name, nonblocking and log are per
+// communicator and are not part of it.
+std::string ProfileRequest(const NcclCommSetupOptions& options, bool opted_out) {
+  const DetectOptions& d = options.detect;
+  return absl::StrCat(
+      opted_out ? "no profile" : "the profile", " for sysfs root '", d.sysfs_root, "'",
+      d.use_nvml ? absl::StrCat(", NVML '", d.nvml_library, "'") : ", without NVML",
+      d.nvidia_smi_topo.empty() ? "" : ", a given nvidia-smi topology",
+      d.kernel_release.empty() ? "" : absl::StrCat(", kernel ", d.kernel_release), ", job scope ",
+      static_cast<int>(options.classify.scope),
+      options.nccl_version ? absl::StrCat(", NCCL ", options.nccl_version->ToString()) : "");
+}
+
 }  // namespace
 
 namespace nccl_tuning_internal {
@@ -61,6 +78,7 @@ void ResetNcclSetupForTesting() {
   p.profile = NcclProfile();
   p.env_set.clear();
   p.applied = false;
+  p.request.clear();
 }
 }  // namespace nccl_tuning_internal
 
@@ -69,6 +87,17 @@ absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions
   absl::MutexLock lock(&proc.mu);
   NcclCommSetup out;
   STRATA_ASSIGN_OR_RETURN(const bool opted_out, OptedOut(options));
+  const std::string request = ProfileRequest(options, opted_out);
+  if (proc.done && request != proc.request) {
+    // NCCL read its environment at the first communicator of the process:
+    // another profile (or opting in or out now) would be silently ignored.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL communicator '", options.comm_name, "' asks for ", request,
+        ", but this process's first NCCL communicator already set up ", proc.request,
+        " (NCCL reads its environment once per process, so the profile cannot change; "
+        "use the same apply_profile, STRATA_NCCL_PROFILE and detection options for every "
+        "communicator of the process)"));
+  }
   if (!proc.done) {
     NcclVersion version = NewestKnownNcclVersion();
     std::string version_source;
@@ -128,6 +157,7 @@ absl::StatusOr<NcclCommSetup> PrepareNcclCommunicator(const NcclCommSetupOptions
     }
     proc.done = true;
     proc.applied = !opted_out;
+    proc.request = request;
     out.first_in_process = true;
   }
   out.profile = proc.profile;

@@ -58,6 +58,30 @@ TEST_F(NcclSetup, AppliesOnceAndGivesEachCommunicatorItsFields) {
   EXPECT_EQ(log_.size(), lines);  // logged once per process
 }
 
+TEST_F(NcclSetup, ASecondCommunicatorAskingForAnotherProfileIsRefused) {
+  ASSERT_TRUE(PrepareNcclCommunicator(Options("dgx_h100", "world")).ok());
+  // Opting out after the profile was applied cannot be honoured: NCCL has
+  // read its environment already.
+  NcclCommSetupOptions off = Options("dgx_h100", "tp");
+  off.apply_profile = false;
+  absl::StatusOr<NcclCommSetup> s = PrepareNcclCommunicator(off);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s.status())) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("NCCL communicator 'tp' asks for no profile"));
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("first NCCL communicator already set up the profile for sysfs root"));
+  // Another machine description (another topology) likewise.
+  absl::StatusOr<NcclCommSetup> other =
+      PrepareNcclCommunicator(Options("pcie_8gpu_dual_socket", "dp"));
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status())) << other.status();
+  EXPECT_THAT(other.status().message(), HasSubstr("pcie_8gpu_dual_socket"));
+  // The same request with another name and blocking mode is fine.
+  NcclCommSetupOptions same = Options("dgx_h100", "pp");
+  same.nonblocking = false;
+  absl::StatusOr<NcclCommSetup> ok = PrepareNcclCommunicator(same);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok->config.comm_name, "pp");
+}
+
 TEST_F(NcclSetup, UserValuesWin) {
   setenv("NCCL_IB_HCA", "mlx5_3", 1);
   absl::StatusOr<NcclCommSetup> s = PrepareNcclCommunicator(Options("dgx_h100", "world"));
