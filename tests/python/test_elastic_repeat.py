@@ -37,6 +37,7 @@ import random
 import signal
 import sys
 import tempfile
+import time
 
 import pytest
 import torch
@@ -72,7 +73,7 @@ def replica(rank):
 
 
 def kill(job, rank):
-    t = D.time.time()
+    t = time.time()
     os.kill(job.pids()[rank], signal.SIGKILL)
     return t
 
@@ -86,7 +87,7 @@ def run_job(tmp, rng):
         watch = D.StoreWatch(LAUNCHER, pids[2])
         # 1. Rank 0, at a random moment after step 3.
         job.wait_for(lambda: len(job.steps()) >= 3, "3 steps", 150)
-        D.time.sleep(rng.uniform(0.0, 0.3))
+        time.sleep(rng.uniform(0.0, 0.3))
         kills.append((0, kill(job, 0), "at a random moment"))
         # 2. After the first recovery and two more steps.
         job.wait_for(lambda: len(job.recoveries()) >= 1, "the first recovery", 150)
@@ -98,7 +99,7 @@ def run_job(tmp, rng):
         gone = {replica(0)}
         second = rng.choice([r for r in range(NP) if replica(r) not in gone])
         gone.add(replica(second))
-        D.time.sleep(rng.uniform(0.0, 0.1))
+        time.sleep(rng.uniform(0.0, 0.1))
         kills.append((second, kill(job, second), "at a random moment"))
         # 3. When the second recovery's decision is written: the survivors
         # are shrinking their communicators.
