@@ -36,7 +36,6 @@ import os
 import random
 import signal
 import sys
-import tempfile
 import time
 
 import pytest
@@ -82,9 +81,11 @@ def run_job(tmp, rng):
     job = D.Job(LAUNCHER, NP, ["--steps", str(STEPS)] + ARGS, tmp, timeout=170)
     kills = []  # (rank, time, what)
     watch = None
+    store_dir = None
     try:
         pids = job.wait_pids(150)
         watch = D.StoreWatch(LAUNCHER, pids[2])
+        store_dir = watch.directory  # mpirun: the job's file store
         # 1. Rank 0, at a random moment after step 3.
         job.wait_for(lambda: len(job.steps()) >= 3, "3 steps", 150)
         time.sleep(rng.uniform(0.0, 0.3))
@@ -112,15 +113,14 @@ def run_job(tmp, rng):
             watch.close()
         if job.proc.poll() is None:
             os.killpg(job.proc.pid, signal.SIGKILL)
-    return job, rc, kills
+    return job, rc, kills, store_dir
 
 
 def test_three_failures_two_in_a_row_and_one_during_a_recovery(reference, tmp_path):
     seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"{LAUNCHER}: dp{NP // TP} x tp{TP}, seed {seed}", flush=True)
-    before = stale_store_dirs()
-    job, rc, kills = run_job(str(tmp_path), rng)
+    job, rc, kills, store_dir = run_job(str(tmp_path), rng)
     print(job.tail(60))
     for rank, t, what in kills:
         print(f"SIGKILL to rank {rank} at {t:.3f} ({what})")
@@ -186,15 +186,8 @@ def test_three_failures_two_in_a_row_and_one_during_a_recovery(reference, tmp_pa
               f"{line['cause']['source']}")
     print(f"wall time of the job: {job.lines[-1]['_t'] - job.started:.1f} s")
 
-    # The elastic layer's file store (mpirun) is removed when the job ends.
-    left = stale_store_dirs() - before
-    assert not left, f"the job left its elastic store behind: {sorted(left)}"
-
-
-def stale_store_dirs():
-    """The file-store directories of mpirun jobs of this user in the
-    temporary directory (python/strata/_elastic_launch.py names them)."""
-    tmp = tempfile.gettempdir()
-    suffix = f"-{os.getuid()}"
-    return {d for d in os.listdir(tmp)
-            if d.startswith("strata-elastic-prterun") and d.endswith(suffix)}
+    # The elastic layer's file store (mpirun: in the temporary directory,
+    # named after the job) is removed when the job ends.
+    if store_dir is not None:
+        assert not os.path.exists(store_dir), \
+            f"the job left its elastic store behind: {store_dir}: {os.listdir(store_dir)[:5]}"
