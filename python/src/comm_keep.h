@@ -115,9 +115,8 @@ class Owner {
     absl::Status out(c, absl::StrCat(s.message(), "; flight recorder dumps of every rank: ",
                                      trace_dir_, " (strata-trace ", trace_dir_,
                                      " names the operation a rank never entered)"));
-    s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-      out.SetPayload(url, payload);
-    });
+    s.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
     return out;
   }
 

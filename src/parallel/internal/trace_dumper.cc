@@ -131,21 +131,34 @@ absl::StatusOr<std::unique_ptr<TraceDumper>> TraceDumper::Start(
   return d;
 }
 
-absl::Status TraceDumper::Open() {
+absl::StatusOr<std::shared_ptr<Store>> TraceDumper::RequestStore(bool create) {
+  std::lock_guard<std::mutex> lock(store_mu_);
+  if (store_ != nullptr) return store_;
+  const std::filesystem::path path = std::filesystem::path(options_.dir) / ".requests";
+  std::error_code ec;
+  // Nothing is created until a request or a dump: a job that never fails
+  // leaves no folder behind.
+  if (!create && !std::filesystem::exists(path, ec)) return std::shared_ptr<Store>();
   FileStoreOptions so;
-  so.path = (std::filesystem::path(options_.dir) / ".requests").string();
+  so.path = path.string();
   absl::StatusOr<std::shared_ptr<Store>> store = OpenFileStore(so);
   if (!store.ok()) {
-    return absl::Status(
-        store.status().code(),
-        absl::StrCat("flight recorder: the trace directory ", options_.dir,
-                     " (STRATA_TRACE_DIR) cannot hold the dump requests: ",
-                     store.status().message(), "; set STRATA_TRACE=0 to run without it"));
+    return absl::Status(store.status().code(),
+                        absl::StrCat("flight recorder: the trace directory ", options_.dir,
+                                     " (STRATA_TRACE_DIR) cannot hold the dump requests: ",
+                                     store.status().message()));
   }
   store_ = *std::move(store);
+  return store_;
+}
+
+absl::Status TraceDumper::Open() {
   // Requests made before this rank started are not for it.
-  absl::StatusOr<int64_t> seen = store_->Add(kRequestCount, 0, absl::Now() + absl::Seconds(10));
-  if (seen.ok()) seen_ = *seen;
+  absl::StatusOr<std::shared_ptr<Store>> store = RequestStore(/*create=*/false);
+  if (store.ok() && *store != nullptr) {
+    absl::StatusOr<int64_t> seen = (*store)->Add(kRequestCount, 0, absl::Now() + absl::Seconds(10));
+    if (seen.ok()) seen_ = *seen;
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::UnavailableError(
@@ -194,8 +207,9 @@ absl::StatusOr<std::string> TraceDumper::DumpNow(absl::string_view reason) {
 absl::StatusOr<std::string> TraceDumper::RequestAll(absl::string_view reason) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   const std::string by = absl::StrCat("rank ", options_.world_rank, ": ", reason);
-  STRATA_RETURN_IF_ERROR(store_->Set(kRequestBy, by, deadline));
-  STRATA_ASSIGN_OR_RETURN(int64_t count, store_->Add(kRequestCount, 1, deadline));
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, RequestStore(/*create=*/true));
+  STRATA_RETURN_IF_ERROR(store->Set(kRequestBy, by, deadline));
+  STRATA_ASSIGN_OR_RETURN(int64_t count, store->Add(kRequestCount, 1, deadline));
   {
     std::lock_guard<std::mutex> lock(dump_mu_);
     seen_ = std::max(seen_, count);  // this rank's own request: dumped below
@@ -216,14 +230,16 @@ void TraceDumper::Handle(char why) {
     reason = "SIGUSR1";
     path = RequestAll(reason);
   } else {
-    absl::StatusOr<int64_t> count = store_->Add(kRequestCount, 0, absl::Now() + absl::Seconds(5));
+    absl::StatusOr<std::shared_ptr<Store>> store = RequestStore(/*create=*/false);
+    if (!store.ok() || *store == nullptr) return;  // no request yet
+    absl::StatusOr<int64_t> count = (*store)->Add(kRequestCount, 0, absl::Now() + absl::Seconds(5));
     if (!count.ok()) return;  // the store is unreachable for now: try at the next poll
     {
       std::lock_guard<std::mutex> lock(dump_mu_);
       if (*count <= seen_) return;
       seen_ = *count;
     }
-    absl::StatusOr<std::string> by = store_->Get(kRequestBy, absl::Now() + absl::Seconds(5));
+    absl::StatusOr<std::string> by = (*store)->Get(kRequestBy, absl::Now() + absl::Seconds(5));
     reason = absl::StrCat("asked by ", by.ok() ? *by : std::string("another rank"));
     path = DumpNow(reason);
   }

@@ -75,13 +75,17 @@ class TraceDumper {
  private:
   explicit TraceDumper(TraceDumperOptions options);
   absl::Status Open();
+  // The store of requests in the trace directory, opened (and, with
+  // `create`, made) on first use; null while it does not exist.
+  absl::StatusOr<std::shared_ptr<Store>> RequestStore(bool create);
   void Run();
   // Handles what woke the thread (or the poll's timeout).
   void Handle(char why);
 
   TraceDumperOptions options_;
   std::shared_ptr<observe::FlightRecorder> recorder_;
-  std::shared_ptr<Store> store_;
+  std::mutex store_mu_;
+  std::shared_ptr<Store> store_;  // store_mu_
   // Shared with the recorder's error callback, which may outlive this.
   std::shared_ptr<ErrorHook> hook_;
   int write_fd_ = -1;
