@@ -56,6 +56,16 @@ def report(jobs, scenario):
     return merged, world, text, log
 
 
+def fourth_all_reduce(trace_dir, rank=0):
+    """The collective number of the fourth all-reduce in `rank`'s dump (the
+    World's group splits come first on the same communicator)."""
+    with open(os.path.join(trace_dir, f"strata_trace_rank_{rank}.json")) as f:
+        entries = json.load(f)["entries"]
+    seqs = [e["collective_seq_id"] for e in entries
+            if e["profiling_name"] == "mpi:all_reduce" and e["process_group"][0] == "world"]
+    return seqs[3]
+
+
 def test_rank_that_skips_a_collective(jobs):
     merged, world, text, log = report(jobs, "skip")
     # The stalled rank never timed out itself: its dump came from the others' request.
@@ -63,7 +73,8 @@ def test_rank_that_skips_a_collective(jobs):
     assert "asked by rank" in merged["reasons"]["3"]
     [f] = world["findings"]
     assert f["kind"] == "not_entered", text
-    assert (f["seq"], f["op"], f["input_sizes"]) == (4, "all_reduce", [[16]])
+    assert (f["seq"], f["op"], f["input_sizes"]) == (fourth_all_reduce(jobs["skip"][0]),
+                                                     "all_reduce", [[16]])
     assert f["not_entered"] == [3] and f["entered"] == [0, 1, 2]
     assert "never entered by rank 3" in text
 
@@ -72,7 +83,8 @@ def test_rank_that_calls_another_size(jobs):
     merged, world, text, log = report(jobs, "size")
     assert merged["dumps"] == [0, 1, 2, 3], log
     [f] = world["findings"]
-    assert f["kind"] == "mismatch" and f["seq"] == 4 and f["op"] == "all_reduce", text
+    assert f["kind"] == "mismatch" and f["op"] == "all_reduce", text
+    assert f["seq"] == fourth_all_reduce(jobs["size"][0])
     assert [(v["ranks"], v["input_sizes"]) for v in f["variants"]] == [([0, 1, 3], [[16]]),
                                                                         ([2], [[32]])]
     assert "rank 2: all_reduce [[32]]" in text
@@ -82,8 +94,9 @@ def test_rank_that_dies(jobs):
     merged, world, text, log = report(jobs, "die")
     assert merged["dumps"] == [0, 1, 2] and merged["missing_dumps"] == [3], log
     [f] = world["findings"]
-    assert f["seq"] == 4 and f["op"] == "all_reduce", text
-    assert f["no_dump"] == [3]
+    assert f["kind"] == "stuck" and f["op"] == "all_reduce", text
+    assert (f["seq"], f["input_sizes"]) == (fourth_all_reduce(jobs["die"][0]), [[16]])
+    assert f["no_dump"] == [3] and f["entered"] == [0, 1, 2]
     assert "no dump from rank 3" in text
 
 
@@ -102,11 +115,12 @@ def test_dumps_follow_pytorchs_format_and_fr_trace_reads_them(jobs, tmp_path):
         dump = json.load(f)
     assert dump["version"] == "2.10"
     assert json.loads(dump["pg_config"]["world"]["ranks"]) == [0, 1, 2, 3]
-    assert dump["pg_status"]["world"]["last_enqueued_collective"] == 4
-    assert dump["pg_status"]["world"]["last_completed_collective"] == 4  # failed: completed
+    fourth = fourth_all_reduce(d)
+    assert dump["pg_status"]["world"]["last_enqueued_collective"] == fourth
+    assert dump["pg_status"]["world"]["last_completed_collective"] == fourth  # failed: completed
     e = dump["entries"][-1]
     assert (e["collective_seq_id"], e["profiling_name"], e["input_sizes"], e["state"]) == (
-        4, "mpi:all_reduce", [[16]], "completed")
+        fourth, "mpi:all_reduce", [[16]], "completed")
     assert "DEADLINE_EXCEEDED" in e["strata"]["error"]
     # fr_trace reads only pickles: strata-trace writes them.
     pickles = tmp_path / "pickles"
@@ -118,10 +132,11 @@ def test_dumps_follow_pytorchs_format_and_fr_trace_reads_them(jobs, tmp_path):
     assert r.returncode == 0, r.stderr
     with open(db_path, "rb") as f:
         _, db = pickle.load(f)
-    # The three all-reduces every rank completed matched, across the ranks;
-    # the fourth, which rank 3 never entered, did not.
+    # The splits and the three all-reduces every rank completed matched
+    # across the ranks; the fourth, which rank 3 never entered, did not.
     names = [c.collective_name for c in db.collectives]
-    assert names[:3] == ["mpi:all_reduce"] * 3
+    assert names.count("mpi:all_reduce") >= 3 and "mpi:split" in names, names
     assert {m.global_rank for m in db.memberships} == {0, 1, 2, 3}
     assert "Not all ranks joining collective" in r.stdout + r.stderr
+    assert f"sequence number: {fourth}" in r.stdout + r.stderr
     assert "{3}" in r.stdout + r.stderr
