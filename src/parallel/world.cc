@@ -47,10 +47,16 @@ internal::TraceDumperOptions DumperOptions(const std::shared_ptr<WorldState>& st
     }
     absl::StatusOr<GroupName> name = ParseGroupName(comm.name);
     if (!name.ok()) return std::nullopt;
-    const int rank = s->root()->rank();
-    absl::StatusOr<std::vector<int>> ranks = mesh.GroupOf(rank, name->canonical);
-    if (!ranks.ok()) ranks = mesh.ExpertGroupOf(rank, name->canonical);
-    if (!ranks.ok() || static_cast<int>(ranks->size()) != comm.size) return std::nullopt;
+    // The mesh is the current generation's; a communicator of an older one
+    // (or of a rank renumbered by a rebuild) is caught by the check below
+    // and left without members rather than given wrong ones. (The root is
+    // not asked: a Rebuild may be replacing it on another thread.)
+    absl::StatusOr<std::vector<int>> ranks = mesh.GroupOf(comm.world_rank, name->canonical);
+    if (!ranks.ok()) ranks = mesh.ExpertGroupOf(comm.world_rank, name->canonical);
+    if (!ranks.ok() || static_cast<int>(ranks->size()) != comm.size || comm.rank < 0 ||
+        comm.rank >= comm.size || (*ranks)[comm.rank] != comm.world_rank) {
+      return std::nullopt;
+    }
     return *std::move(ranks);
   };
   return o;
