@@ -188,14 +188,16 @@ def _collective_finding(g, no_dump):
 
 
 def _p2p_findings(g, no_dump):
-    """Pending sends/recvs whose partner has no pending counterpart, or one
-    of another size."""
+    """Sends/recvs left pending (unfinished, or failed: a deadline completes
+    an operation with its error) whose partner has no pending counterpart,
+    or one of another size."""
     members = g["members"]
     findings = []
     pending = defaultdict(list)  # (src, dst, type) -> [entries], job ranks
     for r, es in g["by_rank"].items():
         for e in es:
-            if not e.get("is_p2p") or e["state"] == "completed":
+            failed = (e.get("strata") or {}).get("error")
+            if not e.get("is_p2p") or (e["state"] == "completed" and not failed):
                 continue
             peer = (e.get("strata") or {}).get("peer", -1)
             if members and 0 <= peer < len(members):

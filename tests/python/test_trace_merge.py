@@ -140,6 +140,15 @@ def test_recv_whose_sender_never_posts():
     assert "rank 0 never posted it" in f["message"]
 
 
+def test_recv_that_timed_out_counts_as_pending():
+    # A deadline completes the operation with its error: still the one stuck.
+    ranks = job()
+    ranks[2].op("world", "recv", 8, state="completed", peer=3,
+                error="DEADLINE_EXCEEDED: recv did not complete within its timeout")
+    [f] = only(trace.analyze({r.rank: r.dump() for r in ranks}))
+    assert (f["kind"], f["rank"], f["peer"]) == ("p2p_unmatched", 2, 3)
+
+
 def test_send_and_recv_of_different_sizes():
     ranks = job()
     ranks[1].op("world", "recv", 8, state="started", peer=0)
