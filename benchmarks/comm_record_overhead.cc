@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
   auto recorded = (*root)->Split(0, (*root)->rank(), recorded_options);
   strata::CommOptions flight_options;
   flight_options.name = "flight";
-  auto recorder = std::make_shared<strata::observe::FlightRecorder>(
-      strata::observe::FlightRecorderOptions{});
+  auto recorder =
+      std::make_shared<strata::observe::FlightRecorder>(strata::observe::FlightRecorderOptions{});
   flight_options.sink = recorder;
   auto flight = (*root)->Split(0, (*root)->rank(), flight_options);
   if (!plain.ok()) return Fail(plain.status());
@@ -134,8 +134,7 @@ int main(int argc, char** argv) {
     }
   }
   if ((*root)->rank() == 0) {
-    const double a = Median(times[0]) * 1e6, b = Median(times[1]) * 1e6,
-                 c = Median(times[2]) * 1e6;
+    const double a = Median(times[0]) * 1e6, b = Median(times[1]) * 1e6, c = Median(times[2]) * 1e6;
     std::printf("allreduce of %d x fp32 on %d ranks (%s), %d rounds of %d operations\n", count,
                 (*root)->size(), std::string((*root)->transport()).c_str(), rounds, iters);
     std::printf("  no sink          %8.3f us/op (median of the rounds)\n", a);

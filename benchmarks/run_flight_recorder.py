@@ -2,6 +2,8 @@
 """What the flight recorder costs (docs/observability.md), on vs off in the
 same run:
 
+- the recorder's own cost per operation in one process
+  (build/benchmarks/flight_recorder_bench), next to a trivial sink;
 - a collective-heavy loop: small all-reduces (start, wait) on 2 MPI ranks,
   on three communicators of the same ranks: no sink, a trivial sink, and
   the flight recorder (build/benchmarks/comm_record_overhead), in rotating
@@ -47,6 +49,22 @@ def main():
     ap.add_argument("--demo-steps", type=int, default=3)
     args = ap.parse_args()
     rows = []
+    # The recorder's own cost per operation, in one process.
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([os.path.join(args.build, "benchmarks", "flight_recorder_bench"),
+                        "--benchmark_repetitions=5", "--benchmark_report_aggregates_only=true",
+                        f"--benchmark_out={out.name}", "--benchmark_out_format=json"],
+                       check=True, timeout=600, stdout=subprocess.DEVNULL)
+        bm = {b["name"]: b["real_time"] for b in json.load(open(out.name))["benchmarks"]
+              if b.get("aggregate_name") == "median"}
+    for threads in (1, 4):
+        on = bm[f"BM_RecordOneOperation/1/real_time/threads:{threads}_median"]
+        trivial = bm[f"BM_RecordOneOperation/0/real_time/threads:{threads}_median"]
+        rows.append({"case": f"one operation's record (issued, started, completed), "
+                             f"{threads} thread{'s' if threads > 1 else ''}",
+                     "metric": "time per operation, flight recorder", "unit": "ns",
+                     "strata": on, "peer": "trivial sink (3 atomic increments)",
+                     "peer_value": trivial, "target": None})
     for count in (1, 1024):
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             subprocess.run(mpirun(2) + [os.path.join(args.build, "benchmarks",
