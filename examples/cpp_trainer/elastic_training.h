@@ -57,6 +57,9 @@ struct ElasticDemoOptions {
   int kill_step = 10;
   int step_sleep_ms = 20;
   bool check = false;
+  // How the survivors agree: "store" (the default) or "ulfm"
+  // (MPIX_Comm_iagree, under mpirun --with-ft ulfm).
+  std::string agreement = "store";
   std::string run_dir;  // default: the temporary directory
 };
 
@@ -206,6 +209,12 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<strata::Store> store, strata::OpenFileStore(fso));
   strata::elastic::ElasticOptions options;
   options.job = "cpp_trainer";
+  if (o.agreement == "ulfm") {
+    options.agreement = strata::elastic::AgreementKind::kUlfm;
+  } else if (o.agreement != "store") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--agreement ", o.agreement, ": want store or ulfm"));
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::elastic::ElasticLoop> loop,
                           strata::elastic::ElasticLoop::Create(*world, store, options));
 
@@ -250,8 +259,9 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
     return absl::OkStatus();
   }
   if (world->rank() == 0) {
-    std::printf("trained %d steps elastically, ending on %s: loss %.6f\n", o.steps,
-                strata::elastic::DescribeMesh(world->mesh().spec()).c_str(), task.Loss(w));
+    std::printf("trained %d steps elastically (%s agreement), ending on %s: loss %.6f\n", o.steps,
+                o.agreement.c_str(), strata::elastic::DescribeMesh(world->mesh().spec()).c_str(),
+                task.Loss(w));
     std::fflush(stdout);
   }
   if (!o.check) return absl::OkStatus();

@@ -14,7 +14,8 @@
 //
 //   mpirun -np 8 cpp_trainer [--tp 2] [--pp 2] [--cp 1] [--ep 1] [--steps 40]
 //   mpirun --with-ft ulfm -np 8 cpp_trainer --tp 2 --pp 1 --elastic-steps 40 \
-//       --kill-rank 5 --kill-step 10 [--check 1] [--step-sleep-ms 20] [--run-dir DIR]
+//       --kill-rank 5 --kill-step 10 [--check 1] [--agreement store|ulfm]
+//       [--step-sleep-ms 20] [--run-dir DIR]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +50,8 @@ int main(int argc, char** argv) {
       elastic.step_sleep_ms = value;
     else if (!std::strcmp(argv[i], "--check"))
       elastic.check = value != 0;
+    else if (!std::strcmp(argv[i], "--agreement"))
+      elastic.agreement = argv[i + 1];
     else if (!std::strcmp(argv[i], "--run-dir"))
       elastic.run_dir = argv[i + 1];
     else if (!std::strcmp(argv[i], "--tp"))
