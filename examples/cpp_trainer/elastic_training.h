@@ -134,7 +134,7 @@ inline std::string ElasticJobName() {
       return s;
     }
   }
-  return "single";
+  return absl::StrCat("pid", getpid());  // one process: its own name
 }
 
 // This job's directory: the store, and the last committed step.
@@ -196,6 +196,10 @@ inline uint64_t HashParams(const std::vector<double>& w) {
 inline absl::Status CheckFailed(const std::string& why) {
   return absl::InternalError(absl::StrCat("check failed: ", why));
 }
+
+inline absl::Status CheckRun(const ElasticDemoOptions& o, const strata::LaunchEnv& env,
+                             strata::World& w_world, const strata::elastic::LoopResult& result,
+                             const LinearTask& task, const std::vector<double>& w);
 
 inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mesh& mesh,
                                  const ElasticDemoOptions& o) {
@@ -264,7 +268,21 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
                 task.Loss(w));
     std::fflush(stdout);
   }
-  if (!o.check) return absl::OkStatus();
+  absl::Status checked = o.check ? CheckRun(o, env, *world, result, task, w) : absl::OkStatus();
+  // The run directory goes once every survivor is done with the store.
+  loop.reset();
+  STRATA_ASSIGN_OR_RETURN(auto done, world->root().Barrier());
+  STRATA_RETURN_IF_ERROR(done->Wait());
+  if (world->rank() == 0) std::filesystem::remove_all(dir, ec);
+  return checked;
+}
+
+// --check 1: the same failure everywhere, bitwise equal survivors, and the
+// one-process reference.
+inline absl::Status CheckRun(const ElasticDemoOptions& o, const strata::LaunchEnv& env,
+                             strata::World& w_world, const strata::elastic::LoopResult& result,
+                             const LinearTask& task, const std::vector<double>& w) {
+  strata::World* world = &w_world;
 
   // Every survivor saw the same failure and holds the same parameters.
   const size_t expected_events = o.kill_rank >= 0 ? 1 : 0;
