@@ -70,6 +70,9 @@ def parse(argv=None):
                    help="a planned membership change without a failure: at step STEP, rank "
                         "RANK's replica leaves (the reference of the fault tests)")
     p.add_argument("--backend", default="auto", help="strata.init backend")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where the model and data live (cuda: one GPU per local rank, modulo "
+                        "the GPUs visible; use with --backend nccl)")
     p.add_argument("--heartbeat-timeout", type=float, default=None,
                    help="seconds without a heartbeat before a rank counts as hung")
     p.add_argument("--restore", default="auto", choices=["auto", "memory", "checkpoint"])
@@ -136,15 +139,19 @@ def main(argv=None):
         raise SystemExit(f"--layers {args.layers} must be divisible by --pp {args.pp}")
     mesh = strata.Mesh(launch.world_size, tp=args.tp, pp=args.pp, dp=args.dp) if args.dp \
         else strata.Mesh(launch.world_size, tp=args.tp, pp=args.pp)
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     world = strata.init(mesh, backend=args.backend, timeout=120)
     pp = world.group("pp")
     # Gradients are summed over the data-parallel replicas by DataParallel
     # (buckets reduced while backward runs); the loss below is divided by
     # the global batch, so the sum is the mean over the global batch
     # whatever dp is. Small buckets: several reductions overlap backward.
-    model = snn.DataParallel(Stage(args.hidden, args.layers, pp.rank, pp.size, world), world,
-                             reduce_op="sum", bucket_bytes=args.bucket_kib * 1024)
-    x_all, y_all = dataset(args.samples, args.hidden)
+    model = snn.DataParallel(Stage(args.hidden, args.layers, pp.rank, pp.size, world).to(device),
+                             world, reduce_op="sum", bucket_bytes=args.bucket_kib * 1024)
+    x_all, y_all = (t.to(device) for t in dataset(args.samples, args.hidden))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
     sampler = elastic.ElasticSampler(args.samples, args.batch, seed=3)
@@ -176,7 +183,7 @@ def main(argv=None):
         if args.step_sleep:
             time.sleep(args.step_sleep)
         opt.zero_grad(set_to_none=False)
-        idx = torch.tensor(ctx.samples, dtype=torch.long)
+        idx = torch.tensor(ctx.samples, dtype=torch.long, device=device)
         x, y = x_all[idx], y_all[idx]
         # The sum of squared errors over this replica's samples, divided by
         # the global batch: the dp sum below makes it the global mean.
@@ -186,7 +193,8 @@ def main(argv=None):
         else:
             losses = schedule(ctx).step(x if pp.rank == 0 else None,
                                         y if pp.rank == pp.size - 1 else None)
-            loss = (torch.stack(losses).sum() if losses else torch.zeros(())) / ctx.global_batch
+            loss = (torch.stack(losses).sum() if losses else torch.zeros((), device=device)) \
+                / ctx.global_batch
             with torch.no_grad():
                 for p in params:
                     p.grad /= ctx.global_batch
@@ -221,7 +229,7 @@ def write_report(directory, rank, world, state, result, params):
     os.makedirs(directory, exist_ok=True)
     h = hashlib.sha256()
     for p in params:
-        h.update(p.detach().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
     coords = world.mesh.coords(world.rank)
     report = {
         "rank": rank,

@@ -61,6 +61,10 @@ absl::StatusOr<std::unique_ptr<ElasticLoop>> ElasticLoop::Create(World& world,
   STRATA_RETURN_IF_ERROR(world.status());
   std::unique_ptr<ElasticLoop> loop(
       new ElasticLoop(world, std::move(store), options, std::move(hooks)));
+  if (options.agreement == AgreementKind::kUlfm) {
+    STRATA_ASSIGN_OR_RETURN(loop->agreement_,
+                            MakeUlfmAgreement(loop->store_, options, loop->membership_));
+  }
   return loop;
 }
 

@@ -56,12 +56,6 @@ absl::Status ElasticOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("ElasticOptions::max_leader_takeovers is ",
                                                    max_leader_takeovers, "; want >= 0"));
   }
-  if (agreement == AgreementKind::kUlfm) {
-    return absl::UnimplementedError(
-        "ElasticOptions::agreement is ulfm: the agreement through MPIX_Comm_agree / "
-        "MPIX_Comm_shrink is not implemented yet; the MPI backend agrees through a store (a file "
-        "store on one host, STRATA_STORE=file:/shared/dir across hosts): use store or auto");
-  }
   if (max_attempts < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ElasticOptions::max_attempts is ", max_attempts, "; want >= 1"));

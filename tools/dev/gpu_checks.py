@@ -200,14 +200,16 @@ def _checks():
         ["{python}", "benchmarks/run_nccl_busbw.py", "--build", "{build}", "--ranks", "8",
          "--sizes", "1M,16M,64M", "--name", "nccl_busbw_np8"], 240, 60, ranks=8,
         targets=[PYTHON_PACKAGE], mpirun=True, results="nccl_busbw_np8"))
-    # Work of other issues, run here once it has landed (its files exist).
-    # The elastic issue's demo on NCCL: its script takes --np and exits 0
-    # when the survivors of a killed rank trained on (docs/development.md).
+    # In-process recovery on NCCL (docs/elastic.md): examples/elastic/train.py
+    # on CUDA tensors under torchrun, a rank SIGKILLed from outside, the
+    # survivors abort, shrink (per NCCL version) and finish like a
+    # one-process reference (test_elastic_faults.py on NCCL).
     c.append(_check(
-        "elastic_demo_nccl", "the elastic demo on NCCL: a rank killed, the survivors shrink "
-        "and keep training (once the elastic issue has landed)",
-        ["examples/demo/elastic_nccl.sh", "--np", "4"], 300, 90, ranks=4,
-        files=["examples/demo/elastic_nccl.sh"], targets=[PYTHON_PACKAGE]))
+        "elastic_nccl", "in-process recovery on NCCL: dp2 x tp2 on 4 ranks, one SIGKILLed at "
+        "a random moment; abort, revoke/shrink (NCCL_SHRINK_ABORT, or fresh init, by "
+        "version), rebuild; final parameters against a one-process reference",
+        ["examples/demo/elastic_nccl.sh", "--np", "4", "--python", "{python}"], 300, 90,
+        ranks=4, files=["examples/demo/elastic_nccl.sh"], targets=[PYTHON_PACKAGE]))
     return c
 
 

@@ -86,6 +86,20 @@ class STRATA_EXPORT Agreement {
 STRATA_EXPORT std::unique_ptr<Agreement> MakeStoreAgreement(std::shared_ptr<Store> store,
                                                             const ElasticOptions& options);
 
+// The ULFM path (AgreementKind::kUlfm; src/elastic/ulfm_agreement.cc): the
+// members agree with MPIX_Comm_iagree on a mask of the members alive (31
+// per agreement), over a control communicator duplicated from
+// MPI_COMM_WORLD and remade among the next epoch's members after each
+// decision (MPI_Comm_create_from_group). Every member decides alike; no
+// leader. `store` only gives the alarm's cause (and a planned change's
+// evictions) to the event. Collective over the MPI job (MPI_Comm_dup).
+// FailedPrecondition outside `mpirun --with-ft ulfm` or when the World is
+// not the whole MPI job; Unimplemented in a build without ULFM. A member
+// that hangs (not failed for ULFM) keeps the agreement from completing:
+// DeadlineExceeded after `decision_timeout` on every member.
+STRATA_EXPORT absl::StatusOr<std::unique_ptr<Agreement>> MakeUlfmAgreement(
+    std::shared_ptr<Store> store, const ElasticOptions& options, const Membership& initial);
+
 // Checks `rank` in for `epoch` without a monitor (tests, and ranks whose
 // monitor could not): what HeartbeatMonitor::CheckIn writes.
 STRATA_EXPORT absl::Status CheckInForTest(Store& store, const ElasticOptions& options,

@@ -29,14 +29,15 @@ enum class LeavePolicy : uint8_t {
 
 // How the survivors agree on a membership change.
 enum class AgreementKind : uint8_t {
-  // Through the store (the only kind implemented: MPI jobs use a file
-  // store on one host or STRATA_STORE across hosts).
+  // Through the store (MPI jobs use a file store on one host or
+  // STRATA_STORE across hosts): it also decides without a hung rank.
   kAuto,
   // Through the store (keys carry the epoch).
   kStore,
-  // MPIX_Comm_agree / MPIX_Comm_shrink over an elastic control communicator
-  // (MPI backend with ULFM, under mpirun --with-ft ulfm). Not implemented
-  // yet: Validate() returns Unimplemented for it.
+  // MPIX_Comm_iagree over an elastic control communicator (under mpirun
+  // --with-ft ulfm; agreement.h MakeUlfmAgreement). ElasticLoop::Create
+  // fails with FailedPrecondition outside such a job, Unimplemented in a
+  // build without ULFM. A hung (stopped) rank is not handled: use kStore.
   kUlfm,
 };
 
@@ -87,8 +88,7 @@ struct STRATA_EXPORT ElasticOptions {
   // never resumes.
   bool fence_unresponsive = true;
 
-  // InvalidArgument naming the first bad field and its value; Unimplemented
-  // for AgreementKind::kUlfm.
+  // InvalidArgument naming the first bad field and its value.
   absl::Status Validate() const;
 };
 

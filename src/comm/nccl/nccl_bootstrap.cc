@@ -145,6 +145,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                           NcclFamily::Create(options.nccl, env.rank));
   family->api = api;
   family->device = device;
+  family->store = store;
+  family->recovery =
+      ChooseNcclRecovery(api->version, api->CommShrink != nullptr, api->CommRevoke != nullptr);
 
   // The topology profile: environment variables before NCCL's first use,
   // config fields for every communicator. Detection failing is not fatal;
@@ -226,6 +229,61 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                                                       root->size(), ", the launcher says ", who));
   }
   return std::unique_ptr<Communicator>(std::move(root));
+}
+
+// ---- shrink without ncclCommShrink -------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::FreshInitAmongSurvivors(
+    const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved) {
+  const std::string& what = resolved.description;
+  const int n = static_cast<int>(plan.survivors.size());
+  if (family_->store == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", family_->recovery.why,
+        ", so the shrink is a fresh NCCL initialisation among the ", n,
+        " survivors, whose unique id goes through a store, and this communicator's root was "
+        "made without one (under mpirun: set STRATA_STORE=file:/a/shared/dir or pass "
+        "RootOptions::store; or use NCCL >= ",
+        kShrinkReleasedIn.ToString(), ")"));
+  }
+  // A key space of its own: this communicator's name and the shrink's
+  // (survivors, attempt), the same on every survivor (ShrinkPlan).
+  std::shared_ptr<Store> store =
+      MakePrefixStore(family_->store, absl::StrCat("strata/nccl/fresh-shrink/", name(), "/",
+                                                   plan.survivors_hash, "/", plan.attempt, "/"));
+  const NcclApi* api = &api_;
+  DeviceGuard device(family_->device);
+  std::vector<std::string> ids;
+  if (n == 1) {
+    STRATA_ASSIGN_OR_RETURN(std::string id, MakeUniqueId(*api));
+    ids.push_back(std::move(id));
+  } else {
+    absl::StatusOr<std::vector<std::string>> exchanged = ExchangeUniqueIds(
+        *store, plan.new_rank, n, 1, [api] { return MakeUniqueId(*api); }, resolved.deadline);
+    if (!exchanged.ok()) return internal::Annotate(exchanged.status(), what);
+    ids = *std::move(exchanged);
+  }
+  ncclUniqueId raw;
+  if (ids[0].size() != sizeof(raw.internal)) {
+    return absl::InternalError(absl::StrCat(what, ": NCCL unique id has ", ids[0].size(),
+                                            " bytes, expected ", sizeof(raw.internal)));
+  }
+  std::memcpy(raw.internal, ids[0].data(), sizeof(raw.internal));
+  NcclConfig config = ChildConfig(options);
+  ncclComm_t child = nullptr;
+  const ncclResult_t rc = api_.CommInitRankConfig(&child, n, raw, plan.new_rank, config.get());
+  const std::string init = absl::StrCat(what, " (", NcclRecoveryPathName(family_->recovery.path),
+                                        ": ", family_->recovery.why, ")");
+  absl::Status s = rc == ncclSuccess || rc == ncclInProgress
+                       ? WaitNcclReady(api_, child, resolved.deadline, init)
+                       : NcclError(api_, rc, init, child);
+  if (!s.ok()) {
+    if (child != nullptr) api_.CommAbort(child);
+    return s;
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> c,
+                          NcclCommunicator::Wrap(family_, child, options));
+  return std::unique_ptr<Communicator>(std::move(c));
 }
 
 }  // namespace strata::nccl

@@ -19,6 +19,15 @@
 // a dead peer). A healthy communicator is finalized (within its timeout)
 // and destroyed.
 //
+// Abort and Shrink follow the loaded NCCL's version (comm/nccl_recovery.h):
+// on NCCL >= 2.27.3 Abort() stops this rank's use at once but keeps the
+// handle (>= 2.28.7: and revokes it), so that an aborted communicator can
+// still be shrunk, as the elastic layer does (abort every communicator of
+// the World, then shrink the root): the shrink uses NCCL_SHRINK_ABORT
+// unless a revoke left the communicator quiescent. Older NCCL: Abort()
+// calls ncclCommAbort, and Shrink() is a fresh initialisation among the
+// survivors through the root's store.
+//
 //   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
 //                           nccl::CreateNcclRoot(env, options, store));
 //
@@ -39,6 +48,7 @@
 #include "comm/nccl/nccl_config.h"
 #include "comm/nccl/nccl_library.h"
 #include "comm/nccl/nccl_watchdog.h"
+#include "comm/nccl_recovery.h"
 #include "strata/comm/backend.h"
 
 namespace strata::nccl {
@@ -75,6 +85,12 @@ struct NcclFamily {
   // Set when any member failed or was aborted: members are then released
   // with ncclCommAbort.
   std::atomic<bool> failed{false};
+  // How the family's communicators are aborted and shrunk after a failure
+  // (comm/nccl_recovery.h), chosen from the loaded NCCL's version.
+  NcclRecovery recovery;
+  // The store the root's unique ids went through (null under mpirun without
+  // one): a shrink by fresh initialisation exchanges its id through it.
+  std::shared_ptr<Store> store;
 };
 
 // InvalidArgument naming the setting when `options` holds one that cannot
@@ -169,6 +185,10 @@ class NcclCommunicator final : public Communicator {
                                                            const CommOptions& options,
                                                            const ResolvedOptions& resolved);
   void Release();
+  // Shrink where NCCL has no ncclCommShrink: a new communicator among the
+  // survivors (ncclCommInitRankConfig), its unique id through the store.
+  absl::StatusOr<std::unique_ptr<Communicator>> FreshInitAmongSurvivors(
+      const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved);
 
   const std::shared_ptr<NcclFamily> family_;
   const NcclApi& api_;
@@ -182,6 +202,9 @@ class NcclCommunicator final : public Communicator {
   std::atomic<bool> aborting_{false};
   // Revoked and quiescent: a shrink needs no NCCL_SHRINK_ABORT.
   std::atomic<bool> revoked_{false};
+  // Abort() revoked the communicator and kept its handle for a shrink
+  // (kRevokeThenShrink); the shrink waits for the revoke to finish.
+  bool revoke_started_ = false;  // guarded by mu_
 };
 
 // What NCCL moves (every dtype, as bytes where NCCL has no type) and

@@ -1,4 +1,5 @@
 // NcclCommunicator: split, shrink, abort and revoke.
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,12 @@
 #include "strata/base/status.h"
 
 namespace strata::nccl {
+
+namespace {
+// How long a shrink waits for a revoke started by Abort() to leave the
+// communicator quiescent before it falls back to NCCL_SHRINK_ABORT.
+constexpr absl::Duration kRevokeQuiesceBound = absl::Seconds(10);
+}  // namespace
 
 NcclConfig NcclCommunicator::ChildConfig(const CommOptions& options) const {
   ConfigOptions config;
@@ -68,22 +75,30 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoSplit(
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoShrink(
     const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved) {
   const std::string& what = resolved.description;
+  if (family_->recovery.path == NcclRecoveryPath::kFreshInit) {
+    // No ncclCommShrink in this NCCL: whatever state the parent is in (its
+    // handle aborted or not), the survivors build a new communicator.
+    return FreshInitAmongSurvivors(plan, options, resolved);
+  }
   STRATA_RETURN_IF_ERROR_CTX(CheckFeature("ncclCommShrink", kShrinkSince, api_.version,
                                           api_.CommShrink != nullptr, api_.path),
                              what);
   std::lock_guard<std::mutex> lock(mu_);
   if (comm_ == nullptr) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what,
-                     ": the communicator was aborted (its NCCL resources are gone); shrink before "
-                     "aborting, or build a new communicator"));
+        absl::StrCat(what, ": the communicator's NCCL handle was released; build a new one"));
   }
   DeviceGuard device(family_->device);
-  // After a failure the parent's operations may never finish: NCCL must
-  // abort them first (NCCL_SHRINK_ABORT), and the parent is then released
-  // with abort.
-  // A revoked communicator is quiescent (NCCL's revoke waits for that), so
-  // the plain shrink applies to it.
+  if (revoke_started_ && !revoked_.load()) {
+    // Abort() revoked it: the shrink waits until NCCL says it is quiescent.
+    // An error instead (the dead peer's) leaves it to NCCL_SHRINK_ABORT.
+    const absl::Time quiet_by = std::min(resolved.deadline, absl::Now() + kRevokeQuiesceBound);
+    if (WaitNcclReady(api_, comm_, quiet_by, what).ok()) revoked_ = true;
+  }
+  // After a failure or an abort the parent's operations may never finish:
+  // NCCL must terminate them first (NCCL_SHRINK_ABORT), and the parent is
+  // then released with abort. A revoked communicator is quiescent (NCCL's
+  // revoke waits for that), so the plain shrink applies to it.
   const bool failed = !revoked_.load() && (!tracker_->health().healthy() || family_->failed.load());
   std::vector<int> ranks = plan.excluded;  // NCCL takes a non-const list
   NcclConfig config = ChildConfig(options);
@@ -102,6 +117,25 @@ absl::Status NcclCommunicator::DoAbort() {
   std::lock_guard<std::mutex> lock(mu_);
   if (comm_ == nullptr) return absl::OkStatus();  // aborted before
   DeviceGuard device(family_->device);
+  switch (family_->recovery.path) {
+    case NcclRecoveryPath::kRevokeThenShrink:
+      // Stop the in-flight operations and keep the handle: the elastic
+      // layer shrinks an aborted root. Never destroyed while a peer may be
+      // dead: released with ncclCommAbort (Release).
+      if (!revoke_started_ && !revoked_.load()) {
+        const ncclResult_t rc = api_.CommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+        // A revoke NCCL refused leaves the shrink to NCCL_SHRINK_ABORT.
+        revoke_started_ = rc == ncclSuccess || rc == ncclInProgress;
+      }
+      return absl::OkStatus();
+    case NcclRecoveryPath::kShrinkAbort:
+      // Strata's use stops now (pending Work failed above, later calls
+      // refused); the kernels still posted are terminated by the shrink's
+      // NCCL_SHRINK_ABORT, or by ncclCommAbort when it is released.
+      return absl::OkStatus();
+    case NcclRecoveryPath::kFreshInit:
+      break;
+  }
   const ncclResult_t rc = api_.CommAbort(comm_);
   comm_ = nullptr;
   return NcclError(api_, rc, absl::StrCat("ncclCommAbort on ", where()));
@@ -122,8 +156,11 @@ absl::Status NcclCommunicator::DoRevoke() {
   const absl::Status revoked = absl::AbortedError(absl::StrCat(where(), ": revoked by this rank"));
   tracker_->Fail(revoked);  // Aborted marks the communicator revoked
   family_->failed = true;   // released with abort (finalize after revoke is invalid)
-  ncclResult_t rc = api_.CommRevoke(comm_, NCCL_REVOKE_DEFAULT);
-  if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(api_, rc, what, comm_);
+  if (!revoke_started_) {   // else Abort() revoked it already
+    ncclResult_t rc = api_.CommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+    if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(api_, rc, what, comm_);
+    revoke_started_ = true;
+  }
   // Revoke stops in-flight operations; the communicator is quiescent (and
   // may be shrunk) once NCCL reports success.
   STRATA_RETURN_IF_ERROR(WaitNcclReady(api_, comm_, absl::Now() + timeout(), what));

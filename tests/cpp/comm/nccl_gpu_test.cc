@@ -536,5 +536,32 @@ TEST(NcclGpu, SplitAndShrinkMakeWorkingChildren) {
   });
 }
 
+// The order of the elastic layer's regroup (docs/elastic.md): every rank
+// aborts the communicator first (the excluded one too, and then leaves),
+// and the survivors shrink the aborted communicator. Abort keeps the NCCL
+// handle where a shrink can follow (revoke then shrink on NCCL >= 2.28.7,
+// NCCL_SHRINK_ABORT from 2.27.3); older NCCL initialises afresh among the
+// survivors through the store (comm/nccl_recovery.h).
+TEST(NcclGpu, AnAbortedCommunicatorCanStillBeShrunk) {
+  SKIP_WITHOUT_RANKS(2);
+  const int n = Ranks();
+  RunRanks(n, [&](int r, Communicator& c) {
+    EXPECT_TRUE(c.Abort().ok());
+    absl::StatusOr<std::unique_ptr<Work>> refused = c.Barrier();
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    if (r == n - 1) return;  // excluded: takes no part
+    CommOptions shrunk_options;
+    shrunk_options.name = "after_abort";
+    shrunk_options.timeout = absl::Seconds(60);
+    absl::StatusOr<std::unique_ptr<Communicator>> shrunk = c.Shrink({n - 1}, shrunk_options);
+    ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+    EXPECT_EQ((*shrunk)->size(), n - 1);
+    EXPECT_EQ((*shrunk)->rank(), r);
+    DeviceBuffer y(DataType::kInt32, std::vector<double>(8, r + 1));
+    ExpectOk((*shrunk)->AllReduce(y.buffer(), y.buffer(), ReduceOp::kSum), "allreduce after abort");
+    EXPECT_EQ(y.Read()[0], (n - 1) * n / 2);
+  });
+}
+
 }  // namespace
 }  // namespace strata::nccl

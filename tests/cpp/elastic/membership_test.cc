@@ -14,6 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "strata/comm/store.h"
+#include "strata/elastic/agreement.h"
 #include "strata/elastic/options.h"
 
 namespace strata::elastic {
@@ -182,14 +184,23 @@ TEST(ElasticOptionsTest, BadValuesAreNamed) {
   EXPECT_THAT(o.Validate().message(), HasSubstr("max_attempts is 0"));
 }
 
-TEST(ElasticOptionsTest, TheUlfmAgreementIsRefusedAsUnimplemented) {
+TEST(ElasticOptionsTest, TheUlfmAgreementNeedsAFaultTolerantMpiJob) {
   ElasticOptions o;
   o.agreement = AgreementKind::kUlfm;
-  absl::Status s = o.Validate();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(s.message(), HasSubstr("agreement is ulfm"));
-  o.agreement = AgreementKind::kStore;
   EXPECT_TRUE(o.Validate().ok());
+  MeshSpec spec;
+  spec.world_size = 1;
+  // This process is no `mpirun --with-ft ulfm` job (MPI starts as a
+  // singleton without fault tolerance): refused, saying how to launch.
+  absl::StatusOr<std::unique_ptr<Agreement>> a =
+      MakeUlfmAgreement(MakeMemoryStore(), o, InitialMembership(spec));
+#if defined(STRATA_HAVE_ULFM)
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+  EXPECT_THAT(a.status().message(), HasSubstr("mpirun --with-ft ulfm"));
+#else
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kUnimplemented) << a.status();
+  EXPECT_THAT(a.status().message(), HasSubstr("ULFM"));
+#endif
 }
 
 }  // namespace
