@@ -15,7 +15,7 @@ MPIRUN ?= $(MPI_PREFIX)/bin/mpirun
 MPIRUN_FLAGS ?= --allow-run-as-root --oversubscribe --bind-to none
 export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all deps configure build test demo bench sanitize sanitize-thread fuzz-short format install clean help
+.PHONY: all deps configure build test demo bench gpu-check sanitize sanitize-thread fuzz-short format install clean help
 
 all: build
 
@@ -23,6 +23,7 @@ help:
 	@echo "make demo      install what is missing, build what the demo needs, train on $(NP) CPU ranks (LAUNCHER=mpirun or torchrun)"
 	@echo "make test      install what is missing, build, run every test"
 	@echo "make bench     run every benchmark; results in benchmarks/results/, benchmarks/RESULTS.md"
+	@echo "make gpu-check every GPU test and benchmark in one run (a dry run without a GPU): docs/development.md"
 	@echo "make sanitize  build under ASan+UBSan (build-asan/) and TSan (build-tsan/), run the tests"
 	@echo "make format    clang-format the C++ sources"
 
@@ -63,6 +64,15 @@ demo: deps
 bench: build
 	@for d in benchmarks/run_*.py; do echo "== $$d"; $(PYTHON) $$d --build $(BUILD) || exit 1; done
 	@echo "results: benchmarks/results/*.json, table: benchmarks/RESULTS.md"
+
+# Every GPU check as one prepared run (tools/dev/gpu_checks.sh; on the device
+# machine, see docs/development.md). It configures and builds what the checks
+# need itself (with the dependencies carried by `gpu_checks.sh --pack` where
+# the machine has no registry), so it does not depend on `deps`. Without a
+# GPU it is the dry run that `make test` also runs (gpu_checks_dry_run).
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@tools/dev/gpu_checks.sh --build $(BUILD) $(GPU_CHECK_ARGS)
 
 # ASan+UBSan over the C++ tests (the Python extension is left out: it would
 # need the sanitizer runtime preloaded into the interpreter). Leaks are

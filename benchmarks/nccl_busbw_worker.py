@@ -4,8 +4,9 @@ through strata (backend nccl) and through torch.distributed (backend nccl),
 in the same process on the same GPU and the same libnccl (torch's),
 alternating the two sides per size so that drift affects both alike.
 
-Launched under mpirun, one rank per GPU; torch.distributed rendezvouses at
-MASTER_ADDR:MASTER_PORT, strata through MPI. Rank 0 prints one JSON line per
+Launched under mpirun, rank r on GPU r modulo the visible GPUs (several
+ranks share a GPU in NCCL's multi-rank mode); torch.distributed
+rendezvouses at MASTER_ADDR:MASTER_PORT, strata through MPI. Rank 0 prints one JSON line per
 (op, size) with the best time of each side.
 """
 

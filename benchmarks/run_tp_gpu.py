@@ -13,7 +13,14 @@ tensor-parallel issue that need a device.
      row-parallel layer's all-reduce is in its forward, with nothing to
      overlap: no target).
 
-    python3 benchmarks/run_tp_gpu.py [--build build] [--dtype bf16]
+    python3 benchmarks/run_tp_gpu.py [--build build] [--dtype bf16] [--ranks N]
+
+--ranks N runs part 2 on N ranks (default: one per GPU). More ranks than
+GPUs share them (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 in the
+environment, which tools/dev/gpu_checks.sh sets); part 2 then runs and is
+reported, but without its target: ranks that time-slice one GPU cannot show
+an overlap in time (mr_tp_layers.py checks the overlap of the strata.nn
+layers on CUDA from the kernels' own times instead).
 
 Without a GPU it says so and writes nothing (benchmarks/RESULTS.md keeps
 the GPU rows of the tp section as not measured).
@@ -81,6 +88,8 @@ def main():
     ap.add_argument("--shards", type=int, default=8, help="tp size whose local shapes are timed")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--ranks", type=int, default=0,
+                    help="ranks of the multi-rank part (default: one per GPU)")
     args = ap.parse_args()
     binary = os.path.join(args.build, "benchmarks", "tp_gpu_bench")
     if not os.path.exists(binary):
@@ -111,25 +120,34 @@ def main():
                          "strata": flops / (ms * 1e-3) / 1e12,
                          "peer": "torch.matmul, the same GEMMs",
                          "peer_value": flops / (peer_ms * 1e-3) / 1e12, "target": ">= 0.9"})
-    if gpus >= 2:
+    ranks = args.ranks or gpus
+    shared = ranks > gpus
+    if shared and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
+        raise SystemExit(f"run_tp_gpu: {ranks} ranks on {gpus} GPU(s) need NCCL >= 2.30 and "
+                         "NCCL_MULTI_RANK_GPU_ENABLE=1 (tools/dev/gpu_checks.sh sets it)")
+    if ranks >= 2:
         mpirun = mpirun_path(args.build)
         if not mpirun:
             raise SystemExit("run_tp_gpu: need mpirun for the multi-GPU run; run `make deps`")
-        multi = subprocess.run([mpirun, *MPI_FLAGS, "-np", str(gpus), binary] + common,
-                               capture_output=True, text=True, timeout=1800)
+        nccl_vars = [f for v in sorted(os.environ)
+                     if v.startswith("NCCL_") or v == "STRATA_NCCL_LIBRARY" for f in ("-x", v)]
+        multi = subprocess.run([mpirun, *MPI_FLAGS, "-np", str(ranks), *nccl_vars, binary]
+                               + common, capture_output=True, text=True, timeout=1800)
         if multi.returncode != 0:
             sys.stderr.write(multi.stdout + multi.stderr)
-            raise SystemExit(f"run_tp_gpu: tp_gpu_bench on {gpus} GPUs failed")
+            raise SystemExit(f"run_tp_gpu: tp_gpu_bench on {ranks} ranks failed")
+        where = f"{ranks} ranks sharing {gpus} GPU(s)" if shared else f"tp {ranks}"
         for c in last_json(multi.stdout)["results"]:
             column = c["case"].startswith("column")
-            rows.append({"case": f"{c['case']}, tp {gpus}, {args.tokens} tokens, {args.dtype}",
+            rows.append({"case": f"{c['case']}, {where}, {args.tokens} tokens, {args.dtype}",
                          "metric": "fwd+bwd vs GEMMs alone + collectives alone", "unit": "ms",
                          "strata": c["layer_ms"], "peer": "sum of parts",
                          "peer_value": c["gemm_ms"] + c["comm_ms"],
-                         "target": "< 1.0" if column else None})
+                         "target": "< 1.0" if column and not shared else None})
     else:
         rows.append({"case": "column-parallel backward with overlap",
-                     "metric": f"not measured: needs 2 GPUs or more, this machine has {gpus}",
+                     "metric": f"not measured: needs 2 ranks or more (a GPU each, or sharing "
+                               f"GPUs with NCCL >= 2.30); this run had {ranks} on {gpus} GPU(s)",
                      "unit": "-", "strata": None, "peer": None, "peer_value": None,
                      "target": "< 1.0"})
     notes = (f"{doc['device']}, {args.dtype}. Throughput: the kernels at the local shapes of one "
@@ -141,8 +159,12 @@ def main():
              f"{args.rounds} rounds of {args.iters} calls. strata's forward adds the bias in "
              "the GEMM's epilogue and its backward accumulates the weight gradient into an "
              "fp32 main-gradient buffer (and sums the bias gradient), which the peer does not.")
-    path = bench_util.write_results("tp_gpu", "python3 benchmarks/run_tp_gpu.py", rows,
-                                    notes=notes)
+    if ranks >= 2 and shared:
+        notes += (f" The layer rows ran {ranks} ranks sharing {gpus} GPU(s) (NCCL's "
+                  "multi-rank-per-GPU mode): the ranks time-slice the GPU, so those rows have "
+                  "no target.")
+    command = "python3 benchmarks/run_tp_gpu.py" + (f" --ranks {ranks}" if args.ranks else "")
+    path = bench_util.write_results("tp_gpu", command, rows, notes=notes)
     bench_util.print_rows(rows, path, case_width=70)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 import strata
 import strata.nn as snn
+from strata import _tp_comm as tp_comm  # the layers' collectives, measured alone
 
 
 def parse():
@@ -109,12 +110,12 @@ def main():
 
         def run_comm():
             if sp:
-                g1 = snn.C.all_gather_rows(x_local.detach(), tp)
-                g2 = snn.C.all_gather_rows(x_local.detach(), tp)
-                snn.C.reduce_scatter_rows(dx_full, tp)
+                g1 = tp_comm.all_gather_rows(x_local.detach(), tp)
+                g2 = tp_comm.all_gather_rows(x_local.detach(), tp)
+                tp_comm.reduce_scatter_rows(dx_full, tp)
                 del g1, g2
             else:
-                snn.C.all_reduce(dx_full, tp)
+                tp_comm.all_reduce(dx_full, tp)
 
         tmodel = torch.nn.Sequential(torch.nn.Linear(h, f))
         plan = ColwiseParallel(input_layouts=Shard(0)) if sp else ColwiseParallel()
@@ -153,10 +154,10 @@ def main():
 
         def run_comm():
             if sp:
-                snn.C.reduce_scatter_rows(y_full, tp)
-                snn.C.all_gather_rows(dy, tp)
+                tp_comm.reduce_scatter_rows(y_full, tp)
+                tp_comm.all_gather_rows(dy, tp)
             else:
-                snn.C.all_reduce(y_full, tp)
+                tp_comm.all_reduce(y_full, tp)
 
         tmodel = torch.nn.Sequential(torch.nn.Linear(f, h))
         plan = RowwiseParallel(output_layouts=Shard(0)) if sp else RowwiseParallel()

@@ -158,11 +158,11 @@ class LayerCase {
     o.memory = MemoryKind::kCuda;
     o.input_is_parallel = !column;
     if (column) {
-      auto made = ColumnParallelLinear::Create(o, group);
+      auto made = ColumnParallelLinear::Create(o, strata::GroupHandle::Fixed(&group));
       Check(made.status(), "create the column-parallel layer");
       col_ = std::move(made).value();
     } else {
-      auto made = RowParallelLinear::Create(o, group);
+      auto made = RowParallelLinear::Create(o, strata::GroupHandle::Fixed(&group));
       Check(made.status(), "create the row-parallel layer");
       row_ = std::move(made).value();
     }

@@ -140,11 +140,11 @@ int Main(int argc, char** argv) {
     std::unique_ptr<ColumnParallelLinear> col;
     std::unique_ptr<RowParallelLinear> row;
     if (column) {
-      auto made = ColumnParallelLinear::Create(o, tp);
+      auto made = ColumnParallelLinear::Create(o, strata::GroupHandle::Fixed(&tp));
       Check(made.status(), "create");
       col = std::move(made).value();
     } else {
-      auto made = RowParallelLinear::Create(o, tp);
+      auto made = RowParallelLinear::Create(o, strata::GroupHandle::Fixed(&tp));
       Check(made.status(), "create");
       row = std::move(made).value();
     }

@@ -7,6 +7,7 @@
 //   strata-topo --from-xml FILE         read an NCCL topology XML instead
 //   strata-topo --lint FILE             also lint an env script or nccl.conf
 //   strata-topo --export env|conf       print the profile as export lines / nccl.conf
+//   strata-topo --settings              strata's own STRATA_* settings in force
 //
 // Exit status: 0, or 1 when the lint finds errors, 2 for bad arguments or
 // unreadable input.
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "strata/base/settings.h"
 #include "strata/comm/nccl_lint.h"
 #include "strata/comm/topology_report.h"
 
@@ -39,6 +41,8 @@ constexpr char kUsage[] =
     "  --scope auto|single-node|multi-node   job scope for the class (default auto)\n"
     "  --no-conf-files          ignore NCCL_CONF_FILE, ~/.nccl.conf and /etc/nccl.conf\n"
     "  --list-variables         print strata's table of NCCL variables (Markdown) and exit\n"
+    "  --settings               print strata's own settings (STRATA_*): value, source\n"
+    "  --list-settings          print the registry of strata's settings (Markdown) and exit\n"
     "Exit status: 0, 1 when the lint reports errors, 2 for bad arguments or input.\n";
 
 std::string Version(int code) {
@@ -68,6 +72,38 @@ std::string VariablesMarkdown() {
                     absl::StrReplaceAll(v.source, {{"|", "/"}}), " |\n");
   }
   return out;
+}
+
+// The settings registry as Markdown (docs/settings.md ends with this output).
+std::string SettingsMarkdown() {
+  std::string out =
+      "| variable | takes | default | what it does | documented in |\n|---|---|---|---|---|\n";
+  for (const strata::SettingValue& v : strata::Settings().List()) {
+    std::string takes = v.info.type == strata::SettingType::kBool ? "0, 1, true, false"
+                        : v.info.type == strata::SettingType::kChoice
+                            ? absl::StrReplaceAll(v.info.choices, {{"|", ", "}})
+                        : v.info.type == strata::SettingType::kPath ? "a path"
+                                                                    : "text";
+    const std::string page = std::string(v.info.doc).substr(std::string("docs/").size());
+    absl::StrAppend(&out, "| `", v.info.name, "` | ", takes, " | ",
+                    v.default_value.empty() ? "unset" : v.default_value, " | ", v.info.meaning,
+                    " | [", page, "](", page, ") |\n");
+  }
+  return out;
+}
+
+// The settings in force, one line each.
+int PrintSettings() {
+  absl::StatusOr<strata::Settings> settings = strata::Settings::FromEnvironment();
+  if (!settings.ok()) {
+    std::fprintf(stderr, "strata-topo: %s\n", std::string(settings.status().message()).c_str());
+    return 2;
+  }
+  for (const strata::SettingValue& v : settings->List()) {
+    std::printf("%-22s %-28s %s\n", v.info.name, v.value.empty() ? "unset" : v.value.c_str(),
+                v.from_environment ? "environment" : "default");
+  }
+  return 0;
 }
 
 int Usage(const std::string& problem) {
@@ -100,6 +136,11 @@ int main(int argc, char** argv) {
     } else if (arg == "--list-variables") {
       std::fputs(VariablesMarkdown().c_str(), stdout);
       return 0;
+    } else if (arg == "--list-settings") {
+      std::fputs(SettingsMarkdown().c_str(), stdout);
+      return 0;
+    } else if (arg == "--settings") {
+      return PrintSettings();
     } else if (arg == "--no-conf-files") {
       options.read_conf_files = false;
     } else if (arg == "--from-nvidia-smi") {

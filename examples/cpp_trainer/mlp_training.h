@@ -17,9 +17,10 @@
 #include "strata/parallel/world.h"
 #include "strata/torch/tensor_parallel.h"
 
-inline absl::Status AverageOverDp(strata::Communicator& dp, const torch::Tensor& grad) {
+inline absl::Status AverageOverDp(const strata::GroupHandle& dp, const torch::Tensor& grad) {
   strata::Buffer b{grad.data_ptr(), static_cast<size_t>(grad.numel()), strata::DataType::kFloat32};
-  STRATA_ASSIGN_OR_RETURN(auto work, dp.AllReduce(b, b, strata::ReduceOp::kAvg));
+  STRATA_ASSIGN_OR_RETURN(strata::Communicator * comm, dp.Resolve());  // at each use
+  STRATA_ASSIGN_OR_RETURN(auto work, comm->AllReduce(b, b, strata::ReduceOp::kAvg));
   return work->Wait(absl::Now() + absl::Minutes(1));
 }
 
@@ -32,10 +33,12 @@ inline absl::Status TrainParallelMLP(const strata::LaunchEnv& env, const strata:
   torch::set_num_threads(1);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::World> world,
                           strata::World::Create(env, mesh, strata::WorldOptions{}));
-  STRATA_ASSIGN_OR_RETURN(strata::Communicator * tp, world->Group("tp"));
-  STRATA_ASSIGN_OR_RETURN(strata::Communicator * dp, world->Group("dp"));
+  // Handles, not communicators: what holds a group across steps follows
+  // the World (strata/parallel/group_handle.h).
+  STRATA_ASSIGN_OR_RETURN(strata::GroupHandle tp, world->Handle("tp"));
+  STRATA_ASSIGN_OR_RETURN(strata::GroupHandle dp, world->Handle("dp"));
   const int64_t hidden = 32, ffn = 64 * mesh.tp(), batch = 64;
-  strata::nn::ParallelMLP model(strata::nn::ParallelMLPOptions{hidden, ffn}, *tp,
+  strata::nn::ParallelMLP model(strata::nn::ParallelMLPOptions{hidden, ffn}, tp,
                                 strata::nn::InitOptions{42});
   // The teacher, the same on every rank.
   torch::manual_seed(7);
@@ -52,11 +55,11 @@ inline absl::Status TrainParallelMLP(const strata::LaunchEnv& env, const strata:
     opt.zero_grad();
     loss.backward();
     for (const torch::Tensor& p : model->parameters()) {
-      STRATA_RETURN_IF_ERROR(AverageOverDp(*dp, p.mutable_grad()));
+      STRATA_RETURN_IF_ERROR(AverageOverDp(dp, p.mutable_grad()));
     }
     opt.step();
     torch::Tensor shown = loss.detach().clone();
-    STRATA_RETURN_IF_ERROR(AverageOverDp(*dp, shown));
+    STRATA_RETURN_IF_ERROR(AverageOverDp(dp, shown));
     last = shown.item<float>();
     if (step == 1) first = last;
     if (env.rank == 0 && (step == 1 || step % 10 == 0 || step == steps)) {

@@ -7,7 +7,12 @@ Every rank builds the same model from the same seed (strata.nn keeps only
 its tp shards; gpt_stages keeps only its pipeline stage) and reads the same
 text; the dp replicas take different batches, each cut into microbatches
 that strata.pipeline.Schedule1F1B runs over the pp group, and their
-gradients are averaged with one all-reduce over the dp group per step.
+gradients are averaged over the dp group by strata.nn.DataParallel (once
+per step, bucket by bucket during the last microbatch's backward). With
+STRATA_DEMO_ZERO=1 the optimizer is ZeRO-1's
+strata.optim.DistributedOptimizer (AdamW's state sharded over dp); the
+checkpoint round trip, which reloads into a plain AdamW under another tp,
+is then skipped.
 Rank 0 prints the schedule's grid once, then a progress bar with the step,
 the loss, the tokens per second and the time per step, and at the end the
 pipeline bubble measured from every rank's busy time next to the
@@ -21,6 +26,7 @@ import time
 
 import torch
 
+import strata
 import strata.nn as snn
 from strata import pipeline
 
@@ -51,17 +57,24 @@ def bar(fraction, width=24):
 
 
 def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3,
-          microbatches=4, checkpoints=None):
+          microbatches=4, checkpoints=None, zero=None):
+    if zero is None:
+        zero = os.environ.get("STRATA_DEMO_ZERO", "0") == "1"
     tp, dp, pp = world.group("tp"), world.group("dp"), world.group("pp")
     text = corpus()
     torch.manual_seed(1234)
     full = snn.ParallelGPT(256, hidden, heads, layers, seq, group=tp, sequence_parallel=True)
     model = GPTStage(full, pp.rank, pp.size)
     del full
-    stage = pipeline.PipelineStage(model, pp.rank, world, num_stages=pp.size)
+    data_parallel = snn.DataParallel(model, world)  # over dp, once per schedule step
+    stage = pipeline.PipelineStage(data_parallel, pp.rank, world, num_stages=pp.size)
     schedule = pipeline.Schedule1F1B(stage, microbatches, model.loss)
     params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    if zero:
+        opt = strata.optim.DistributedOptimizer(torch.optim.AdamW, params, world, lr=lr,
+                                                weight_decay=0.01)
+    else:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     n_params = torch.tensor([sum(p.numel() for p in params)])
     pp.all_reduce(n_params)
@@ -77,7 +90,10 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         print(f"{schedule.schedule.name} on {pp.size} pipeline ranks (columns: unit time "
               "steps; 0F1 = stage 0's forward of microbatch 1, 0B1 its backward):", flush=True)
         print(schedule.schedule.grid(), flush=True)
-    flat = torch.zeros(sum(p.numel() for p in params))
+        which = ("ZeRO-1: strata.optim.DistributedOptimizer(AdamW), its state sharded over dp"
+                 if zero else "AdamW, its state replicated over dp")
+        print(f"gradients averaged over dp by strata.nn.DataParallel; optimizer {which}",
+              flush=True)
     first = None
     window = []  # losses since the last line printed
     busy = elapsed = 0.0  # this rank's time in the stage's compute, and in steps
@@ -88,19 +104,9 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
         losses = schedule.step(ids.t(), targets.t())  # batch-first: split by rows
         busy += schedule.stats.busy_seconds
         elapsed += schedule.stats.step_seconds
-        # One all-reduce for every gradient (dp average), and one for the loss.
-        offset = 0
-        for p in params:
-            flat[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
-            offset += p.numel()
-        dp.all_reduce(flat, op="avg")
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-            offset += p.numel()
-        opt.step()
+        opt.step()  # the schedule's step averaged the gradients over dp
         sched.step()
-        if checkpoints is not None:  # examples/demo/demo_checkpoint.py
+        if checkpoints is not None and not zero:  # examples/demo/demo_checkpoint.py
             checkpoints.after_step(
                 step, steps, model, opt, sched,
                 dict(seq=seq, hidden=hidden, heads=heads, layers=layers, lr=lr, steps=steps,
@@ -123,6 +129,11 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
             window = []
         last = now
     bubble = measured_bubble(world, busy, elapsed)
+    # ZeRO-1's optimizer state on the fullest rank, and AdamW's replicated one.
+    memory = torch.tensor([opt.state_bytes() if zero else 0,
+                           2.0 * sum(p.numel() * p.element_size() for p in params)],
+                          dtype=torch.float64)
+    world.group().all_reduce(memory, op="max")
     continuation = sample(model, tp, pp, seq)  # collective over tp and pp
     if world.rank == 0:
         total = last - start
@@ -130,6 +141,11 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
                                           num_microbatches=microbatches)
         print(f"\nloss {first:.3f} -> {shown.item():.3f} in {steps} steps, {total:.0f} s "
               f"({tokens_per_step * steps / total:.0f} tokens/s)", flush=True)
+        if zero:
+            held, full = memory.tolist()
+            print(f"ZeRO-1: AdamW state of {held / 1e6:.2f} MB per rank at most, against "
+                  f"{full / 1e6:.2f} MB replicated ({held / full:.2f}x at dp {dp.size}); the "
+                  "checkpoint round trip reloads into a plain AdamW and is skipped", flush=True)
         print(f"pipeline bubble measured {bubble:.3f} (1 - busy / step time, mean over ranks); "
               f"theory (p-1)/(m+p-1) = {theory:.3f} for p={pp.size}, m={microbatches}. "
               f"{world.size} ranks share {os.cpu_count()} cores here, so ranks also wait for "

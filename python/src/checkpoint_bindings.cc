@@ -2,15 +2,24 @@
 // Python API, with state-dict handling, lives in python/strata/checkpoint.py;
 // these are its thin private building blocks. Tensors cross as raw data
 // pointers (torch's data_ptr()): no copy before the one into staging.
+//
+// Groups cross as handles (comm_access.h), never as communicator pointers:
+// the checkpoint layer resolves them at each call, so a checkpointer or a
+// reader made before a world rebuild follows it, and each call holds the
+// groups' owner locks (shared), so no world is rebuilt or destroyed under
+// it.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "group_handle.h"
+#include "comm_access.h"
 #include "registry.h"
 #include "status_map.h"
 #include "strata/checkpoint/checkpointer.h"
@@ -65,6 +74,46 @@ ShardedTensor ToShard(const std::string& key, int dtype, std::vector<int64_t> gl
   return s;
 }
 
+// The groups of a checkpoint object or call. Add() (GIL held) gives the
+// group's handle; Lease (GIL released) holds every group's owner lock
+// shared for one call and fails when a group was destroyed.
+class Groups {
+ public:
+  GroupHandle Add(py::handle group) {
+    refs_.push_back(GroupRefOf(group));
+    return refs_.back().handle;
+  }
+  bool empty() const { return refs_.empty(); }
+
+  class Lease {
+   public:
+    explicit Lease(const Groups& groups) {
+      std::vector<std::shared_mutex*> mus;
+      for (const GroupRef& r : groups.refs_) mus.push_back(r.mu);
+      std::sort(mus.begin(), mus.end());  // one lock per owner, in one order
+      mus.erase(std::unique(mus.begin(), mus.end()), mus.end());
+      for (std::shared_mutex* mu : mus) locks_.emplace_back(*mu);
+      for (const GroupRef& r : groups.refs_) {
+        if (!r.alive()) {
+          status_ = absl::FailedPreconditionError(
+              absl::StrCat("group '", r.handle.name(),
+                           "' was destroyed (or its world was): the checkpoint "
+                           "call cannot use it"));
+          break;
+        }
+      }
+    }
+    const absl::Status& status() const { return status_; }
+
+   private:
+    std::vector<std::shared_lock<std::shared_mutex>> locks_;
+    absl::Status status_;
+  };
+
+ private:
+  std::vector<GroupRef> refs_;
+};
+
 // Warnings from the C++ side (background failures under on_failure="warn",
 // retention problems) wait here until Python collects them: the writer
 // thread never calls into Python.
@@ -80,12 +129,12 @@ class PyCheckpointer {
                  double busy_timeout, const std::string& on_failure, double commit_timeout,
                  int staging_threads, const std::string& io_priority,
                  std::optional<std::string> fail_at, py::object split_from)
-      : group_(std::move(split_from)), sink_(std::make_shared<WarnSink>()) {
+      : sink_(std::make_shared<WarnSink>()) {
     CheckpointOptions o;
     o.directory = directory;
     // Multi-rank: a communicator of the checkpointer's own is split off the
-    // group (collectively); the group object is kept alive beside it.
-    if (!group_.is_none()) o.split_from = &GroupCommunicator(group_);
+    // group (collectively), again after each rebuild of the group's world.
+    if (!split_from.is_none()) o.split_from = groups_.Add(split_from);
     o.keep_last = keep_last;
     absl::StatusOr<ChecksumAlgorithm> alg = ParseChecksumAlgorithm(checksum);
     if (!alg.ok()) Raise(alg.status());
@@ -118,7 +167,8 @@ class PyCheckpointer {
     absl::StatusOr<std::unique_ptr<Checkpointer>> c;
     {
       py::gil_scoped_release release;  // the split waits for the other ranks
-      c = Checkpointer::Create(o);
+      Groups::Lease lease(groups_);
+      c = lease.status().ok() ? Checkpointer::Create(o) : lease.status();
     }
     if (!c.ok()) Raise(c.status());
     ckpt_ = std::move(*c);
@@ -171,7 +221,9 @@ class PyCheckpointer {
     absl::Status s;
     {
       py::gil_scoped_release release;  // staging copies run without the GIL
-      s = ckpt_->Save(req);
+      // Save resolves split_from (and splits again after a world rebuild).
+      Groups::Lease lease(groups_);
+      s = lease.status().ok() ? ckpt_->Save(req) : lease.status();
     }
     if (!s.ok()) Raise(s);
   }
@@ -226,7 +278,7 @@ class PyCheckpointer {
   }
 
  private:
-  py::object group_;  // declared first: outlives ckpt_ (which borrows its communicator)
+  Groups groups_;  // split_from, if any
   std::shared_ptr<WarnSink> sink_;
   std::unique_ptr<Checkpointer> ckpt_;
 };
@@ -258,12 +310,12 @@ py::dict StateDict(const TrainingState& s) {
 class PyReader {
  public:
   PyReader(const std::string& directory, int64_t step, bool verify, uint64_t read_buffer_bytes,
-           py::object comm, double timeout, uint64_t merge_gap_bytes)
-      : group_(std::move(comm)) {
+           py::object comm, double timeout, uint64_t merge_gap_bytes) {
     LoadOptions o;
     o.merge_gap_bytes = merge_gap_bytes;
-    // Multi-rank: Open and Load are collective over the group.
-    if (!group_.is_none()) o.comm = &GroupCommunicator(group_);
+    // Multi-rank: Open and Load are collective over the group, resolved at
+    // each of them.
+    if (!comm.is_none()) o.group = groups_.Add(comm);
     o.timeout = absl::Seconds(timeout);
     o.directory = directory;
     o.step = step;
@@ -273,7 +325,8 @@ class PyReader {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> r;
     {
       py::gil_scoped_release release;
-      r = CheckpointReader::Open(o);
+      Groups::Lease lease(groups_);
+      r = lease.status().ok() ? CheckpointReader::Open(o) : lease.status();
     }
     if (!r.ok()) Raise(r.status());
     reader_ = std::move(*r);
@@ -327,7 +380,8 @@ class PyReader {
     absl::StatusOr<LoadReport> r;
     {
       py::gil_scoped_release release;
-      r = reader_->Load(t);
+      Groups::Lease lease(groups_);
+      r = lease.status().ok() ? reader_->Load(t) : absl::StatusOr<LoadReport>(lease.status());
     }
     if (!r.ok()) Raise(r.status());
     py::dict d;
@@ -352,7 +406,7 @@ class PyReader {
   }
 
  private:
-  py::object group_;  // declared first: outlives reader_
+  Groups groups_;  // the group of a collective load, if any
   std::unique_ptr<CheckpointReader> reader_;
 };
 
@@ -402,11 +456,12 @@ std::vector<uint64_t> Digests(const std::vector<std::pair<uintptr_t, uint64_t>>&
 void CheckReplicas(py::object all,
                    const std::vector<std::pair<py::object, std::vector<PyReplica>>>& groups,
                    int64_t step, double timeout) {
+  Groups leased;
   std::vector<ReplicaGroup> g;
   g.reserve(groups.size());
   for (const auto& [group, tensors] : groups) {
     ReplicaGroup r;
-    r.comm = &GroupCommunicator(group);
+    r.group = leased.Add(group);
     for (const PyReplica& t : tensors) {
       ReplicaDigest d;
       d.key = std::get<0>(t);
@@ -420,13 +475,14 @@ void CheckReplicas(py::object all,
     g.push_back(std::move(r));
   }
   ReplicaCheckOptions o;
-  o.all = &GroupCommunicator(all);
+  o.all = leased.Add(all);
   o.deadline = absl::Now() + absl::Seconds(timeout);
   o.step = step;
   absl::Status s;
   {
     py::gil_scoped_release release;  // waits for the other ranks
-    s = CheckReplicasMatch(g, o);
+    Groups::Lease lease(leased);
+    s = lease.status().ok() ? CheckReplicasMatch(g, o) : lease.status();
   }
   if (!s.ok()) Raise(s);
 }

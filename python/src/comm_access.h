@@ -1,6 +1,7 @@
 // Access to a strata.Group's handle from binding files other than
 // comm_bindings.cc, for calls that use the group for a long time and must
-// follow world rebuilds (the pipeline runner's step).
+// follow world rebuilds (the pipeline runner's step); and to a strata.World
+// itself, for the elastic layer that rebuilds it (WorldRef).
 //
 //   GroupRef ref = GroupRefOf(group);               // with the GIL held
 //   {
@@ -21,6 +22,7 @@
 #include <shared_mutex>
 
 #include "strata/parallel/group_handle.h"
+#include "strata/parallel/world.h"
 
 namespace strata::bindings {
 
@@ -39,5 +41,30 @@ struct GroupRef {
 // strata.InvalidArgument for another object and strata.CommError when its
 // world was destroyed.
 GroupRef GroupRefOf(pybind11::handle group);
+
+// A strata.World's C++ World, for the elastic layer (elastic_bindings.cc):
+//
+//   WorldRef ref = WorldRefOf(world);                // with the GIL held
+//   {
+//     py::gil_scoped_release release;
+//     std::unique_lock<std::shared_mutex> lock(*ref.mu);  // rebuilds: exclusive
+//     if (ref.alive()) ... ref.world()->Rebuild(...) ...
+//   }
+//
+// abort_all() may be called from any thread at any time without the lock
+// (it never waits for an operation); after the world was destroyed it does
+// nothing.
+struct WorldRef {
+  std::shared_ptr<void> owner;
+  std::shared_mutex* mu = nullptr;
+  std::function<bool()> alive;
+  std::function<void()> abort_all;
+  // The World; only while alive() and with `mu` held.
+  std::function<World*()> world;
+};
+
+// Raises strata.InvalidArgument for an object that is no strata.World and
+// strata.CommError for a destroyed one.
+WorldRef WorldRefOf(pybind11::handle world);
 
 }  // namespace strata::bindings

@@ -5,7 +5,9 @@
 // tuples that python/strata/comm.py builds from torch tensors and numpy
 // arrays, so the extension needs neither torch's nor numpy's C API. Every
 // operation keeps a reference to the Python objects whose memory it uses
-// until it has completed; the GIL is released while operations start,
+// until it has completed (its group's owner keeps those of failed or
+// dropped operations as long as the backend may use them: see Owner); the
+// GIL is released while operations start,
 // while waiting, and while worlds are built, rebuilt and destroyed.
 //
 // A _Group is a group handle (strata/parallel/group_handle.h): a world's
@@ -31,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "comm_access.h"
+#include "comm_keep.h"
 #include "group_handle.h"
 #include "registry.h"
 #include "status_map.h"
@@ -46,172 +49,9 @@ namespace py = pybind11;
 namespace strata::bindings {
 namespace {
 
-// Owns what a group's communicator lives in: a World, or a communicator
-// made by Split/Shrink. Groups and works hold it; destroy() ends it. The
-// lock keeps destroy() and rebuilds from running while a communicator is
-// used; `abort_mu_` lets AbortAll reach the world without that lock (it
-// must not wait for the operations it is meant to end).
-class Owner {
- public:
-  explicit Owner(std::unique_ptr<World> world) : is_world_(true), world_(std::move(world)) {}
-  explicit Owner(std::unique_ptr<Communicator> comm) : is_world_(false), comm_(std::move(comm)) {}
-
-  // Lock held (shared) while alive.
-  World* world() { return world_.get(); }
-  Communicator* comm() { return comm_.get(); }
-  bool owns_world() const { return is_world_; }
-  std::shared_mutex& mu() { return mu_; }
-  bool alive() const { return alive_.load(); }
-  // The world's generation; 1 for a communicator owner. Lock held.
-  uint64_t generation() const { return world_ != nullptr ? world_->generation() : 1; }
-  // Why the owner is gone, for the errors of its groups.
-  absl::Status Gone(absl::string_view group) const {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    return absl::FailedPreconditionError(absl::StrCat("group '", group, "': ", gone_));
-  }
-
-  // Called with the GIL released.
-  void Destroy() {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    std::lock_guard<std::mutex> abort(abort_mu_);
-    if (alive_.load()) {
-      gone_ = is_world_ ? "its world was destroyed; create a new one with strata.init"
-                        : "this group was destroyed";
-    }
-    alive_.store(false);
-    world_.reset();
-    comm_.reset();
-  }
-  // Hands the communicator over (to become a world's root); the owner's
-  // groups then fail with `why`. Called with the GIL released.
-  std::unique_ptr<Communicator> Release(const std::string& why) {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    std::lock_guard<std::mutex> abort(abort_mu_);
-    alive_.store(false);
-    gone_ = why;
-    return std::move(comm_);
-  }
-  // From any thread, without waiting for operations in progress.
-  void AbortAll() {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (world_ != nullptr) world_->AbortAll();
-    if (comm_ != nullptr) (void)comm_->Abort();
-  }
-
-  // Python objects whose memory an unfinished (or failed) operation may
-  // still use, kept until it completes successfully (or forever when it
-  // failed: MPI may still write into them). GIL held.
-  void KeepUntilDone(std::shared_ptr<Work> work, py::object keep) {
-    Purge();
-    inflight_.emplace_back(std::move(work), std::move(keep));
-  }
-  void Purge() {
-    std::vector<std::pair<std::shared_ptr<Work>, py::object>> still;
-    for (auto& [work, keep] : inflight_) {
-      absl::StatusOr<bool> done = work->Test();
-      if (done.ok() && *done) continue;
-      if (!done.ok()) {
-        Graveyard().append(keep);
-        continue;
-      }
-      still.emplace_back(std::move(work), std::move(keep));
-    }
-    inflight_.swap(still);
-  }
-  void ReleaseAllToGraveyard() {
-    for (auto& [work, keep] : inflight_) Graveyard().append(keep);
-    inflight_.clear();
-  }
-
-  static py::list& Graveyard() {
-    static py::list* graveyard = new py::list();  // lives until exit
-    return *graveyard;
-  }
-
- private:
-  std::shared_mutex mu_;
-  mutable std::mutex abort_mu_;
-  std::atomic<bool> alive_{true};
-  const bool is_world_;
-  std::string gone_;
-  std::unique_ptr<World> world_;
-  std::unique_ptr<Communicator> comm_;
-  std::vector<std::pair<std::shared_ptr<Work>, py::object>> inflight_;
-};
-
-class PyWork {
- public:
-  PyWork(std::shared_ptr<Owner> owner, std::shared_ptr<Work> work, py::object keep)
-      : owner_(std::move(owner)), work_(std::move(work)), keep_(std::move(keep)) {}
-  ~PyWork() {
-    // Never block here: hand the buffers to the owner until MPI is done.
-    if (work_ != nullptr && keep_ && !keep_.is_none()) {
-      absl::StatusOr<bool> done = work_->Test();
-      if (!(done.ok() && *done)) owner_->KeepUntilDone(work_, std::move(keep_));
-    }
-  }
-
-  // Waits in slices so that Ctrl-C reaches Python; `timeout` in seconds
-  // (None: until the operation completes or fails, which its own timeout
-  // bounds). A Work outlives its communicator safely (it then fails with
-  // Aborted).
-  bool Wait(std::optional<double> timeout) {
-    const absl::Time deadline =
-        timeout ? absl::Now() + absl::Seconds(*timeout) : absl::InfiniteFuture();
-    while (true) {
-      const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(100));
-      absl::Status s;
-      {
-        py::gil_scoped_release release;
-        s = work_->Wait(slice);
-      }
-      if (s.ok()) {
-        Done();
-        return true;
-      }
-      if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-        absl::StatusOr<bool> done = work_->Test();
-        if (done.ok() && !*done) {
-          if (absl::Now() >= deadline) RaiseStatus(s, ErrorArea::kComm);
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-          continue;
-        }
-        if (done.ok()) {
-          // It completed between the slice's end and the test: success, not
-          // the slice's DeadlineExceeded (a race the demo hit under load).
-          Done();
-          return true;
-        }
-        s = done.status();
-      }
-      Failed();
-      RaiseStatus(s, ErrorArea::kComm);
-    }
-  }
-
-  bool IsCompleted() {
-    absl::StatusOr<bool> done = work_->Test();
-    if (!done.ok()) {
-      Failed();
-      RaiseStatus(done.status(), ErrorArea::kComm);
-    }
-    if (*done) Done();
-    return *done;
-  }
-
-  std::string Describe() const { return work_->Describe(); }
-
- private:
-  void Done() { keep_ = py::none(); }
-  void Failed() {
-    if (keep_ && !keep_.is_none()) Owner::Graveyard().append(keep_);
-    keep_ = py::none();
-  }
-
-  std::shared_ptr<Owner> owner_;
-  std::shared_ptr<Work> work_;
-  py::object keep_;
-};
+using comm_keep::Owner;
+using comm_keep::PyKeep;
+using comm_keep::PyWork;
 
 // A buffer tuple read with the GIL held: (address, count, dtype) for host
 // memory; (address, count, dtype, stream) for a CUDA tensor, with the
@@ -444,12 +284,23 @@ class PyWorld {
   }
 
   void Destroy() {
-    owner_->ReleaseAllToGraveyard();
     py::gil_scoped_release release;
+    {
+      std::shared_lock<std::shared_mutex> lock(owner_->mu());
+      if (owner_->alive()) mesh_ = owner_->world()->mesh();  // for repr afterwards
+    }
     owner_->Destroy();
   }
+  size_t kept() const { return owner_->kept(); }
   bool alive() const { return owner_->alive(); }
-  const Mesh& mesh() const { return mesh_; }
+  // The current generation's mesh (the elastic layer rebuilds the World
+  // from C++, past Rebuild above); the last one once destroyed.
+  Mesh mesh() const {
+    py::gil_scoped_release release;
+    std::shared_lock<std::shared_mutex> lock(owner_->mu());
+    return owner_->alive() ? owner_->world()->mesh() : mesh_;
+  }
+  std::shared_ptr<Owner> owner() const { return owner_; }
 
  private:
   Mesh mesh_;  // kept for repr after destroy; updated by Rebuild
@@ -671,7 +522,10 @@ Registration reg(kOrderWorld, [](py::module_& m) {
            [](const PyWorld& w) { return w.With([](World& x) { return x.GroupNames(); }); })
       .def("rebuild", &PyWorld::Rebuild, py::arg("root"), py::arg("mesh"))
       .def("abort_all", &PyWorld::AbortAll)
-      .def("destroy", &PyWorld::Destroy);
+      .def("destroy", &PyWorld::Destroy)
+      .def("_kept", &PyWorld::kept,
+           "Operations whose tensors the world keeps (failed, or dropped before they "
+           "completed); for tests.");
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
@@ -716,6 +570,30 @@ GroupRef GroupRefOf(py::handle group) {
   ref.handle = g->handle();
   ref.mu = &owner->mu();
   ref.alive = [o = owner.get()] { return o->alive(); };
+  ref.owner = std::move(owner);
+  return ref;
+}
+
+WorldRef WorldRefOf(py::handle world) {
+  PyWorld* w = nullptr;
+  try {
+    w = py::cast<PyWorld*>(py::hasattr(world, "_raw") ? world.attr("_raw") : world);
+  } catch (const py::cast_error&) {
+    RaiseStatus(
+        absl::InvalidArgumentError(absl::StrCat("expected a strata.World, got ",
+                                                py::str(py::type::of(world)).cast<std::string>())),
+        ErrorArea::kComm);
+  }
+  if (w == nullptr) {
+    RaiseStatus(absl::InvalidArgumentError("expected a strata.World, got None"), ErrorArea::kComm);
+  }
+  std::shared_ptr<Owner> owner = w->owner();
+  if (!owner->alive()) ThrowIfError(owner->Gone("world"), ErrorArea::kComm);
+  WorldRef ref;
+  ref.mu = &owner->mu();
+  ref.alive = [o = owner.get()] { return o->alive(); };
+  ref.abort_all = [o = owner.get()] { o->AbortAll(); };
+  ref.world = [o = owner.get()] { return o->world(); };
   ref.owner = std::move(owner);
   return ref;
 }

@@ -45,6 +45,8 @@ const char* AreaName(ErrorArea area) {
       return "PipelineError";
     case ErrorArea::kTopology:
       return "TopologyError";
+    case ErrorArea::kElastic:
+      return "ElasticError";
     case ErrorArea::kGeneric:
       break;
   }

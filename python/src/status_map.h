@@ -12,7 +12,16 @@
 
 namespace strata::bindings {
 
-enum class ErrorArea { kGeneric, kLaunch, kMesh, kComm, kCheckpoint, kPipeline, kTopology };
+enum class ErrorArea {
+  kGeneric,
+  kLaunch,
+  kMesh,
+  kComm,
+  kCheckpoint,
+  kPipeline,
+  kTopology,
+  kElastic
+};
 
 // Raises the Python exception for a non-OK status (throws
 // pybind11::error_already_set).

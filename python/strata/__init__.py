@@ -8,6 +8,7 @@ in-process recovery from failed ranks. See README.md and docs/.
 from . import errors
 from ._strata import LaunchEnv, Mesh, available_backends, launch_env
 from ._strata import build_info as _build_info
+from ._settings import Setting, settings
 from .axes import Axis
 from .comm import Group, ReduceOp, Work, World, init
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
     TimeoutError,
     Aborted,
     TopologyError,
+    ElasticError,
 )
 
 __version__ = _build_info()["version"]
@@ -55,6 +57,8 @@ __all__ = [
     "Mesh",
     "build_info",
     "launch_env",
+    "settings",
+    "Setting",
     "errors",
     "pipeline",
     "topology",
@@ -71,6 +75,7 @@ __all__ = [
     "CheckpointError",
     "PipelineError",
     "TopologyError",
+    "ElasticError",
 ]
 
 

@@ -39,6 +39,43 @@ DTYPES = {
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
 
+class Box(tuple):
+    """An explicit place for a tensor in a checkpoint, carried as the
+    tensor's ``checkpoint_box`` attribute by objects that lay out their own
+    shards (strata.optim.DistributedOptimizer): the tensor is the box at
+    ``global_offset`` of a tensor of ``global_shape``; ``write`` says
+    whether this rank writes it (exactly one rank writes each box; the
+    others may still read it on load). Objects with such tensors provide
+    ``strata_sharded_state_dict(names, for_load)`` and
+    ``strata_load_sharded_state_dict(filled, saved)``; see
+    :func:`sharded_tensors`."""
+
+    def __new__(cls, global_shape, global_offset, write=True):
+        return super().__new__(cls, (tuple(int(d) for d in global_shape),
+                                     tuple(int(d) for d in global_offset), bool(write)))
+
+    global_shape = property(lambda self: self[0])
+    global_offset = property(lambda self: self[1])
+    write = property(lambda self: self[2])
+
+
+def sharded_tensors(node, path, out):
+    """[(key, tensor, Box)] of the tensors of a state dict made by
+    ``strata_sharded_state_dict`` (plain dicts and lists), keyed as
+    Flattener keys them."""
+    if isinstance(node, torch.Tensor):
+        box = getattr(node, "checkpoint_box", None)
+        if box is not None:
+            out.append((".".join(path), node, box))
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            sharded_tensors(v, path + [str(k)], out)
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            sharded_tensors(v, path + [str(i)], out)
+    return out
+
+
 def error(message, code="INVALID_ARGUMENT"):
     e = CheckpointError(message)
     e.code = code
@@ -264,6 +301,12 @@ class Flattener:
     def encode(self, obj, path):
         if isinstance(obj, torch.Tensor):
             key = self._key(path)
+            box = getattr(obj, "checkpoint_box", None)
+            if isinstance(box, Box):  # laid out by its owner; another rank may write it
+                if box.write:
+                    self.tensors[key] = obj
+                    self.specs[key] = box
+                return {"__tensor__": key}
             self.tensors[key] = obj
             self.paths[key] = tuple(path)
             own = _sharding(obj)  # the tensor's own layout comes first
@@ -273,6 +316,8 @@ class Flattener:
                 if param is None or tuple(obj.shape) == tuple(param.shape):
                     self.specs[key] = checked_sharding(key, spec, obj.shape)
             return {"__tensor__": key}
+        if callable(getattr(obj, "strata_sharded_state_dict", None)) and not isinstance(obj, type):
+            return self.encode(obj.strata_sharded_state_dict(self.names), path)
         self.hints.add(obj, path)
         if isinstance(obj, torch.optim.Optimizer):
             named = named_optimizer_state(obj, self.names)
@@ -487,6 +532,9 @@ class Placement:
         t = t.detach()
         if not t.is_contiguous():
             t = t.contiguous()
+        if isinstance(spec, Box):  # one writer, chosen by the tensor's owner
+            return (key, DTYPES[t.dtype], list(spec.global_shape), list(t.shape),
+                    list(spec.global_offset), 0, 1, t.data_ptr(), t.is_cuda), t
         glob, offset = global_box(t.shape, spec)
         index, count = self.split_replica if spec is not None else self.whole_replica
         return (key, DTYPES[t.dtype], glob, list(t.shape), offset, index, count, t.data_ptr(),
@@ -504,13 +552,17 @@ class Placement:
         tensor)] as given to :meth:`shard` (contiguous). Returns the seconds
         it took. Whole tensors are compared over the tp-dp-cp group, shards
         over dp-cp: dtypes, shapes and a 64-bit digest of the bytes, in two
-        small all-reduces per group (see strata::CheckReplicasMatch). A
+        small all-reduces per group (see strata::CheckReplicasMatch). Boxes
+        laid out by their owner (:class:`Box`: ZeRO-1's optimizer state) have
+        one writer each and are not compared. A
         tensor's digest depends on where it lives (xxh3-64 on the host,
         :func:`device_digest` on a GPU): replicas of one tensor on the host on
         some ranks and on a GPU on others are reported as differing."""
         if self.group is None:
             return 0.0
         start = time.perf_counter()
+        # Boxes laid out by their owner have one writer each: no replicas.
+        tensors = [(k, spec, t) for k, spec, t in tensors if not isinstance(spec, Box)]
         # Host tensors: xxh3 on the staging threads. Others: a digest
         # computed where they live, read back once (one synchronisation).
         host = [(i, t) for i, (_, _, t) in enumerate(tensors) if t.device.type == "cpu"]

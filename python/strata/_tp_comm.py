@@ -4,9 +4,14 @@ features" and "split by tokens" across the tp group (Megatron-Core's
 copy / reduce / scatter / gather regions).
 
 Private to :mod:`strata.nn`. ``group`` is a :class:`strata.Group` or None
-(a group of one rank: nothing is communicated). Tensors on a CUDA device
-are staged through host memory while the group's backend moves host memory
-only (the MPI backend); the result lands back on the tensor's device.
+(a group of one rank: nothing is communicated). A group on device memory
+(NCCL) takes CUDA tensors as they are; with a group on host memory (MPI,
+Gloo) CUDA tensors are staged through host memory and the result lands back
+on the tensor's device. On a device group an asynchronous collective runs
+on a side stream, ordered after the work already queued on the current
+stream, so that the compute queued after it (the weight-gradient GEMM of
+the backward) runs at the same time; waiting for it makes the current
+stream wait for the side stream.
 """
 
 import torch
@@ -41,32 +46,76 @@ class _Pending:
             self._finish = None
 
 
-def _host(t):
-    return t if t.device.type == "cpu" else t.to("cpu")
+def _on_device(t, group):
+    """Whether the group moves ``t`` where it is (a CUDA tensor on a group on
+    device memory), rather than through host memory."""
+    return t.device.type == "cuda" and group.memory == "cuda"
+
+
+def _host(t, group):
+    """``t`` in the memory the group moves: itself, or a host copy."""
+    return t if t.device.type == "cpu" or _on_device(t, group) else t.to("cpu")
+
+
+def _start(group, start, tensors):
+    """Starts a collective (``start()`` issues it on the current stream):
+    ``(work, finish)``. For CUDA tensors on a device group it is issued on a
+    side stream that first waits for the current stream, and ``finish``
+    makes the (then) current stream wait for the side stream; ``tensors``
+    are marked as used there, so their memory is not reused before it is
+    done. Otherwise ``finish`` is None."""
+    if not tensors or not _on_device(tensors[0], group):
+        return start(), None
+    device = tensors[0].device
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)  # from torch's pool
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        work = start()
+    for x in tensors:
+        x.record_stream(side)
+    return work, (lambda: torch.cuda.current_stream(device).wait_stream(side))
+
+
+def _then(*fns):
+    fns = [f for f in fns if f is not None]
+    if not fns:
+        return None
+
+    def run():
+        for f in fns:
+            f()
+    return run
 
 
 def all_reduce(t, group, op="sum", async_op=False):
     """Reduces ``t`` over the group in place (``t`` must be contiguous)."""
     if size_of(group) == 1:
         return _Pending()
-    h = _host(t)
-    work = group.all_reduce(h, op=op, async_op=True)
-    finish = None if h is t else (lambda: t.copy_(h))
-    pending = _Pending(work, finish)
+    h = _host(t, group)
+    work, finish = _start(group, lambda: group.all_reduce(h, op=op, async_op=True), [h])
+    pending = _Pending(work, _then(finish, None if h is t else (lambda: t.copy_(h))))
     if async_op:
         return pending
     pending.wait()
     return None
 
 
-def _landed(work, out, like, async_op):
-    """The result of ``work``, which fills the host tensor ``out``, on the
-    device of ``like``: the tensor, or ``(tensor, pending)`` with ``async_op``."""
-    if like.device.type == "cpu":
-        result, pending = out, _Pending(work)
+def _empty_for(shape, like, group):
+    """A new tensor of ``shape`` for the group to fill: on ``like``'s device
+    when the group moves it there, else on the host."""
+    device = like.device if _on_device(like, group) else "cpu"
+    return torch.empty(shape, dtype=like.dtype, device=device)
+
+
+def _landed(work, finish, out, like, async_op):
+    """The result of ``work``, which fills ``out``, on the device of
+    ``like``: the tensor, or ``(tensor, pending)`` with ``async_op``."""
+    if out.device == like.device:
+        result, pending = out, _Pending(work, finish)
     else:
         result = torch.empty(out.shape, dtype=like.dtype, device=like.device)
-        pending = _Pending(work, lambda: result.copy_(out))
+        pending = _Pending(work, _then(finish, lambda: result.copy_(out)))
     if async_op:
         return result, pending
     pending.wait()
@@ -79,10 +128,10 @@ def all_gather_rows(t, group, async_op=False):
     n = size_of(group)
     if n == 1:
         return (t, _Pending()) if async_op else t
-    src = _host(t.contiguous())
-    out = torch.empty((n * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
-    work = group.all_gather(out, src, async_op=True)
-    return _landed(work, out, t, async_op)
+    src = _host(t.contiguous(), group)
+    out = _empty_for((n * t.shape[0],) + tuple(t.shape[1:]), t, group)
+    work, finish = _start(group, lambda: group.all_gather(out, src, async_op=True), [src, out])
+    return _landed(work, finish, out, t, async_op)
 
 
 def reduce_scatter_rows(t, group, async_op=False):
@@ -93,10 +142,10 @@ def reduce_scatter_rows(t, group, async_op=False):
     if t.shape[0] % n:
         raise InvalidArgument(f"sequence parallelism: {t.shape[0]} rows (the sequence dimension) "
                               f"are not divisible by the tensor-parallel size {n}")
-    src = _host(t.contiguous())
-    out = torch.empty((t.shape[0] // n,) + tuple(t.shape[1:]), dtype=t.dtype, device="cpu")
-    work = group.reduce_scatter(out, src, async_op=True)
-    return _landed(work, out, t, async_op)
+    src = _host(t.contiguous(), group)
+    out = _empty_for((t.shape[0] // n,) + tuple(t.shape[1:]), t, group)
+    work, finish = _start(group, lambda: group.reduce_scatter(out, src, async_op=True), [src, out])
+    return _landed(work, finish, out, t, async_op)
 
 
 def all_gather_last(t, group):

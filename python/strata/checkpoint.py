@@ -171,7 +171,9 @@ class AsyncCheckpointer:
     ``world``: a ``strata.World`` for a multi-rank save (every rank creates
     the checkpointer, collectively, and calls :meth:`save` with the same
     step); the checkpointer splits a communicator of its own off the world,
-    so its agreements never interleave with training's collectives. Each
+    so its agreements never interleave with training's collectives. It
+    follows the world when it is rebuilt in place: the first :meth:`save`
+    after a rebuild splits a new communicator off the new generation. Each
     rank saves its shards: tensors that carry ``tensor_parallel_sharding``
     (``strata.nn`` parameters, their ``state_dict()`` tensors and optimizer
     states) and the tensor-parallel parameters and optimizer states of
@@ -192,6 +194,9 @@ class AsyncCheckpointer:
                  chunk_bytes=16 << 20, max_file_bytes=None, commit_timeout=600.0,
                  staging_threads=None, io_priority="low", rng=True, _fail_at=None):
         self._placement = T.Placement(world)
+        # The placement (this rank, its replica indices) is the world's at one
+        # generation: save() takes it again after a rebuild.
+        self._generation = world.generation if world is not None else None
         self.directory = str(directory)
         self._rng = rng
         self._check_timeout = commit_timeout
@@ -216,6 +221,10 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
+        world = self._placement.world
+        if world is not None and world.generation != self._generation:
+            self._placement = T.Placement(world)  # collective, as save() is
+            self._generation = world.generation
         shards, keep_alive = [], []
         cuda, failure = False, None
         try:
@@ -405,6 +414,10 @@ def load(directory, state=None, *, step=None, world=None, verify=True, strict=Tr
     for name, obj in list(state.items()):
         if name not in tree or isinstance(obj, (torch.nn.Module, torch.Tensor)):
             continue
+        if name in plan.templates:
+            obj.strata_load_sharded_state_dict(plan.templates[name],
+                                               _decode(tree[name], plan.loaded()))
+            continue
         if isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(tree[name]):
             obj.load_state_dict(T.load_named_optimizer(obj, T.param_names(state), tree[name],
                                                        tensors, name))
@@ -457,6 +470,8 @@ class _LoadPlan:
         self.boxes = {}    # key -> (global shape, offset) of a shard; absent: whole
         self.after = []    # (destination, cpu tensor) copies after the load
         self.given = {}    # key -> the tensor of `state` it loads into
+        # entry -> what its strata_sharded_state_dict gave, filled by the load
+        self.templates = {}
         self._shard_counts = None
         if state is None:
             for key in _tensor_keys(self.tree, []):
@@ -473,6 +488,8 @@ class _LoadPlan:
                 self._module_or_tensor(name, obj)
             elif name not in self.tree:
                 continue
+            elif callable(getattr(obj, "strata_sharded_state_dict", None)):
+                self._self_sharded(name, obj, names)
             elif isinstance(obj, torch.optim.Optimizer) and T.is_named_optimizer(self.tree[name]):
                 self._named_optimizer(name, obj, names)
             elif isinstance(obj, (dict, list, tuple)):
@@ -589,6 +606,38 @@ class _LoadPlan:
         for key in want_keys:
             if key in self.saved:
                 self._into(key, flat.tensors[key], flat.specs.get(key))
+
+    def _self_sharded(self, name, obj, names):
+        """An object that lays out its own shards
+        (strata.optim.DistributedOptimizer): its current layout says which
+        box of each tensor to read."""
+        template = obj.strata_sharded_state_dict(names, for_load=True)
+        self.templates[name] = template
+        mine = T.sharded_tensors(template, [name], [])
+        missing = [key for key, _, _ in mine if key not in self.saved]
+        if self.strict and missing:
+            raise _error(f"{len(missing)} tensor(s) of '{name}' missing from checkpoint "
+                         f"step {self.reader.step}: {_names(missing)} (strict=False skips them)",
+                         code="NOT_FOUND")
+        for key, dst, box in mine:
+            if key not in self.saved:
+                continue
+            dtype, shape = self.saved[key]
+            if tuple(shape) != box.global_shape:
+                raise _error(f"tensor '{key}' was saved with global shape {tuple(shape)}; "
+                             f"'{name}' now needs {box.global_shape} (its layout reshards "
+                             "across data-parallel sizes, not tensor-parallel ones)")
+            self.boxes[key] = (list(box.global_shape), list(box.global_offset))
+            if (dst.device.type == "cpu" and dst.is_contiguous()
+                    and _TORCH_DTYPES[dtype] == dst.dtype):
+                self.tensors[key] = dst.detach()  # filled in place
+            else:
+                tmp = torch.empty(dst.shape, dtype=_TORCH_DTYPES[dtype])
+                self.tensors[key] = tmp
+                self.after.append((dst, tmp))
+        others = {k for k in self.saved if k.startswith(name + ".")} - {k for k, _, _ in mine}
+        if self.strict and others and self.collective:
+            self.unasked |= others  # other ranks' pieces, other stages' parameters
 
     def _named_optimizer(self, name, obj, names):
         # Keyed by parameter name: this rank's parameters say what to read,

@@ -47,6 +47,7 @@ import os
 import weakref
 
 from . import _strata
+from ._settings import settings
 from .axes import group_name
 from .errors import InvalidArgument, MeshError
 
@@ -572,7 +573,7 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         store = _store.from_torch(store)
     if (store is None and launch.world_size > 1
             and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
-            and not (env if env is not None else os.environ).get("STRATA_STORE")):
+            and not settings(env)["STRATA_STORE"].value):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
     world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store))
     world._store = (store, keep)

@@ -77,6 +77,12 @@ class TopologyError(Error, RuntimeError):
     """The machine's topology could not be read or parsed."""
 
 
+class ElasticError(Error, RuntimeError):
+    """A recovery could not go on: this rank's partition is a minority, no
+    complete model replica is left, this rank was taken as failed by the
+    others, or the agreement's deadline passed. The message says which."""
+
+
 _COMBINED = {}
 
 
@@ -108,4 +114,5 @@ __all__ = [
     "CheckpointError",
     "PipelineError",
     "TopologyError",
+    "ElasticError",
 ]

@@ -17,9 +17,10 @@ parallelism each rank holds ``seq / tp`` tokens of the activations outside
 the tensor-parallel regions, split along dim 0.
 
 Computation uses torch operators on the tensors' device (CPU or CUDA) and
-autograd; communication uses the group's collectives (CUDA tensors are
-staged through host memory while the only backend is MPI). Backward
-overlaps each input-gradient collective with the weight-gradient GEMM.
+autograd; communication uses the group's collectives (CUDA tensors go to a
+group on NCCL as they are, and are staged through host memory for a group
+on MPI or Gloo). Backward overlaps each input-gradient collective with the
+weight-gradient GEMM (on CUDA, the collective runs on a side stream).
 See docs/tensor-parallel.md for why the modules use torch's GEMMs rather
 than strata's C++ kernels.
 
@@ -67,4 +68,23 @@ __all__ = [
     "tp_group",
     "tensor_sharding",
     "ShardedParameter",
+    "DataParallel",
+    "DataParallelOptions",
+    "BucketMismatchError",
+    "GradientSyncFailed",
+    "ModuleChangedError",
+    "ParameterMismatchError",
+    "UnusedParametersError",
 ]
+
+# Data parallelism (bucketed gradient reduction, ZeRO-1's partner) lives in
+# _data_parallel.py; see its docstring and docs/data-parallel.md.
+from ._data_parallel import (  # noqa: E402
+    BucketMismatchError,
+    DataParallel,
+    DataParallelOptions,
+    GradientSyncFailed,
+    ModuleChangedError,
+    ParameterMismatchError,
+    UnusedParametersError,
+)

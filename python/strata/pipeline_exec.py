@@ -12,7 +12,16 @@ last the targets; others may pass None)::
     stage = pipeline.PipelineStage(build_stage(pp.rank), pp.rank, world)
     schedule = pipeline.Schedule1F1B(stage, n_microbatches=8, loss_fn=loss_fn)
     losses = schedule.step(inputs, targets)     # list on the last stage, else None
-    ...                                          # dp all_reduce, optimizer.step()
+    optimizer.step()
+
+A stage module wrapped in :class:`strata.nn.DataParallel` has its
+gradients reduced over dp once per step: every microbatch's backward but
+the last accumulates without reducing, the last one's starts the buckets as
+its gradients appear, and ``step`` returns once they are reduced (under
+``ScheduleZeroBubble``, whose split backward accumulates some gradients
+outside autograd's hooks, all buckets are reduced after the last W). Inside
+``DataParallel.no_sync()`` nothing is reduced, for accumulation over
+several steps.
 
 ``ScheduleGPipe`` and ``ScheduleZeroBubble`` (zero-bubble H1: the backward
 split into input and weight gradients) have the same arguments;
@@ -282,6 +291,10 @@ class _PipelineSchedule:
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout!r}")
         self._stages = {s.stage_index: s for s in stages}
+        # strata.nn.DataParallel stage modules: one gradient reduction per step.
+        self._dp = {s.stage_index: s.module for s in stages
+                    if callable(getattr(s.module, "_pipeline_begin", None))}
+        self._backwards = {}
         self._loss_fn = loss_fn
         self._m = n_microbatches
         self._group = group
@@ -315,11 +328,18 @@ class _PipelineSchedule:
                          if last and targets is not None else None)
         self._losses = [None] * self._m
         self._live = _Live()
+        self._backwards = {index: 0 for index in self._dp}
+        for dp in self._dp.values():
+            dp._pipeline_begin()
+        ok = False
         try:
             self.stats = self._runner.step(self._forward, self._backward, self._allocate)
+            ok = True
         finally:
             self._inputs = self._targets = None
             self.peak_live_activations = self._live.peak
+            for dp in self._dp.values():
+                dp._pipeline_end(ok)  # waits for the reduction (raises its failure)
         return list(self._losses) if last else None
 
     # ---- callbacks of the runner (GIL held, on the caller's thread) --------
@@ -362,6 +382,10 @@ class _PipelineSchedule:
         return sent, None, _Activation(outs, leaves, None, self._live, records)
 
     def _backward(self, index, microbatch, output_grads, act, loss_scale, part="B"):
+        dp = self._dp.get(index)
+        if dp is not None and part == "B":
+            self._backwards[index] += 1
+            dp._pipeline_backward(self._backwards[index] == self._m)
         if part == "W":
             for out, params, grad in act.records:
                 torch.autograd.backward(out, grad, inputs=params, retain_graph=True)

@@ -57,10 +57,18 @@ absl::Status ValidateOptions(const CheckpointOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("staging_threads ", o.staging_threads, " is outside [0, 256]"));
   }
-  if (o.comm != nullptr && o.split_from != nullptr) {
+  if (!o.group.empty() && !o.split_from.empty()) {
     return absl::InvalidArgumentError(
-        "CheckpointOptions: set comm (a dedicated communicator) or split_from (one to split a "
-        "dedicated communicator from), not both");
+        "CheckpointOptions: set group (a dedicated communicator) or split_from (a group to split "
+        "a dedicated communicator from), not both");
+  }
+  if (o.group.has_world()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CheckpointOptions::group is group '", o.group.name(),
+        "' of a World, whose communicators training uses too: the checkpointer's agreements "
+        "would interleave with training's collectives. Set split_from to it instead (the "
+        "checkpointer splits a communicator of its own off it and follows the World's "
+        "rebuilds)"));
   }
   if (o.busy_timeout < absl::ZeroDuration() || o.commit_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("busy_timeout must be >= 0 and commit_timeout > 0");
@@ -68,16 +76,34 @@ absl::Status ValidateOptions(const CheckpointOptions& o) {
   return absl::OkStatus();
 }
 
+// The communicator split off `parent` for a checkpointer.
+absl::StatusOr<std::unique_ptr<Communicator>> SplitCheckpointComm(Communicator& parent,
+                                                                  absl::Duration timeout) {
+  CommOptions co;
+  co.name = "checkpoint";
+  co.timeout = timeout;
+  absl::StatusOr<std::unique_ptr<Communicator>> split = parent.Split(0, parent.rank(), co);
+  if (!split.ok())
+    return internal::Annotate(split.status(), "creating the checkpoint communicator");
+  return split;
+}
+
 }  // namespace
 
 class Checkpointer::Impl {
  public:
-  Impl(const CheckpointOptions& options, std::unique_ptr<Communicator> owned_comm)
-      : opts_(options), owned_comm_(std::move(owned_comm)) {
-    if (owned_comm_ != nullptr) opts_.comm = owned_comm_.get();
-    if (opts_.comm != nullptr) {
-      rank_ = opts_.comm->rank();
-      world_ = opts_.comm->size();
+  // `comm`: the communicator the writer uses (null: one process);
+  // `owned_comm`: the one split off split_from (then comm is it), made at
+  // world generation `generation`.
+  Impl(const CheckpointOptions& options, Communicator* comm,
+       std::unique_ptr<Communicator> owned_comm, uint64_t generation)
+      : opts_(options),
+        multi_rank_(comm != nullptr),
+        owned_comm_(std::move(owned_comm)),
+        generation_(generation) {
+    if (comm != nullptr) {
+      rank_ = comm->rank();
+      world_ = comm->size();
     }
     if (!opts_.warn) {
       opts_.warn = [](const absl::Status& s) {
@@ -88,7 +114,7 @@ class Checkpointer::Impl {
                    ? opts_.staging_threads
                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
     ctx_.root = opts_.directory;
-    ctx_.comm = opts_.comm;
+    ctx_.comm = comm;
     ctx_.rank = rank_;
     ctx_.world_size = world_;
     ctx_.keep_last = opts_.keep_last;
@@ -116,6 +142,8 @@ class Checkpointer::Impl {
 
   absl::Status Save(const SaveRequest& request) {
     const absl::Time start = absl::Now();
+    std::lock_guard<std::mutex> follow(follow_mu_);
+    STRATA_RETURN_IF_ERROR(Follow());
     // A failure reported as a warning goes to the callback on every way out,
     // after mu_ is released (the callback is user code).
     absl::Status to_warn;
@@ -179,6 +207,8 @@ class Checkpointer::Impl {
     const absl::Status why =
         reason.ok() ? absl::UnknownError(absl::StrCat("save of step ", step, " abandoned"))
                     : reason;
+    std::lock_guard<std::mutex> follow(follow_mu_);
+    STRATA_RETURN_IF_ERROR(Follow());
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return absl::FailedPreconditionError(Closed());
     if (!comm_failure_.ok()) return CommFailedLocked();
@@ -263,10 +293,74 @@ class Checkpointer::Impl {
         "Checkpointer with a new communicator"));
   }
 
+  // With split_from a World's handle: when the World was rebuilt since the
+  // communicator was split (or the last split failed), abandons a save of
+  // the old generation still in flight and splits a new communicator off
+  // the current generation's group. Collective over that group when it
+  // splits; called by Save and Abandon with follow_mu_ held, which every
+  // rank calls in the same order.
+  absl::Status Follow() {
+    if (!opts_.split_from.has_world()) return absl::OkStatus();
+    uint64_t generation = 0;
+    absl::StatusOr<Communicator*> parent = opts_.split_from.Resolve(&generation);
+    if (!parent.ok()) {
+      return internal::Annotate(parent.status(),
+                                absl::StrCat("the checkpointer for '", opts_.directory,
+                                             "' (last at world generation ", generation_, ")"));
+    }
+    if (generation == generation_ && owned_comm_ != nullptr) return absl::OkStatus();
+    std::unique_ptr<Communicator> old;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (!Idle() && owned_comm_ != nullptr) {
+        // Its ranks are the old generation's: end its agreements now rather
+        // than at commit_timeout.
+        superseded_ = absl::StrCat("it was in flight at world generation ", generation_,
+                                   " when the world was rebuilt to generation ", generation,
+                                   " (abandoned: it committed only if every rank of generation ",
+                                   generation_, " had agreed before)");
+        (void)owned_comm_->Abort();
+      }
+      if (!WaitUntil(l, absl::Now() + opts_.commit_timeout, [this] { return Idle(); })) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the checkpointer for '", opts_.directory, "' cannot follow the world to generation ",
+            generation, ": the save of step ", step_in_flight_, " (generation ", generation_,
+            ") was still in flight after commit_timeout"));
+      }
+      superseded_.clear();
+      // The writer is idle: nothing uses the old communicator any more.
+      old = std::move(owned_comm_);
+      ctx_.comm = nullptr;
+    }
+    if (old != nullptr) {
+      (void)old->Abort();
+      old.reset();
+    }
+    absl::StatusOr<std::unique_ptr<Communicator>> split =
+        SplitCheckpointComm(**parent, opts_.commit_timeout);
+    if (!split.ok()) {
+      return internal::Annotate(
+          split.status(),
+          absl::StrCat("the checkpointer for '", opts_.directory,
+                       "' following the world from generation ", generation_, " to ", generation));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    owned_comm_ = std::move(split).value();
+    generation_ = generation;
+    rank_ = owned_comm_->rank();
+    world_ = owned_comm_->size();
+    ctx_.comm = owned_comm_.get();
+    ctx_.rank = rank_;
+    ctx_.world_size = world_;
+    // A failed agreement of the old communicator says nothing of the new one.
+    comm_failure_ = absl::OkStatus();
+    return absl::OkStatus();
+  }
+
   // With a communicator, queues this rank's failing vote for `step` (cast by
   // the writer after the jobs before it); returns `why`.
   absl::Status VoteLocked(int64_t step, const absl::Status& why) {
-    if (opts_.comm != nullptr) {
+    if (multi_rank_) {
       Job job;
       job.step = step;
       job.vote = why;
@@ -350,6 +444,11 @@ class Checkpointer::Impl {
         if (r.comm_failed) comm_failure_ = r.status;
         pending_ = internal::Annotate(r.status, absl::StrCat("background save of step ", job.step,
                                                              " to '", opts_.directory, "' failed"));
+        if (!superseded_.empty()) {
+          pending_ = absl::AbortedError(absl::StrCat("background save of step ", job.step, " to '",
+                                                     opts_.directory, "' failed: ", superseded_,
+                                                     ": ", r.status.message()));
+        }
       }
       in_flight_ = false;
       running_ = false;
@@ -359,9 +458,16 @@ class Checkpointer::Impl {
   }
 
   CheckpointOptions opts_;
+  const bool multi_rank_;
+  // Held by Save and Abandon: one Follow at a time.
+  std::mutex follow_mu_;
   // The communicator split off opts_.split_from (destroyed after the
-  // writer thread is joined).
+  // writer thread is joined), replaced by Follow; guarded by mu_.
   std::unique_ptr<Communicator> owned_comm_;
+  // The world generation owned_comm_ was split at (1 for a fixed handle).
+  uint64_t generation_ = 0;
+  // Set by Follow while it abandons a save of an old generation: why.
+  std::string superseded_;
   int rank_ = 0;
   int world_ = 1;
   int threads_ = 1;
@@ -398,19 +504,17 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
     const CheckpointOptions& options) {
   STRATA_RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<Communicator> owned;
-  if (options.split_from != nullptr) {
-    CommOptions co;
-    co.name = "checkpoint";
-    co.timeout = options.commit_timeout;
-    absl::StatusOr<std::unique_ptr<Communicator>> split =
-        options.split_from->Split(0, options.split_from->rank(), co);
-    if (!split.ok()) {
-      return internal::Annotate(split.status(), "creating the checkpoint communicator");
-    }
-    owned = std::move(split).value();
+  Communicator* comm = nullptr;
+  uint64_t generation = 0;
+  if (!options.group.empty()) {
+    STRATA_ASSIGN_OR_RETURN(comm, options.group.Resolve(&generation));
+  } else if (!options.split_from.empty()) {
+    STRATA_ASSIGN_OR_RETURN(Communicator * parent, options.split_from.Resolve(&generation));
+    STRATA_ASSIGN_OR_RETURN(owned, SplitCheckpointComm(*parent, options.commit_timeout));
+    comm = owned.get();
   }
   return std::unique_ptr<Checkpointer>(
-      new Checkpointer(std::make_unique<Impl>(options, std::move(owned))));
+      new Checkpointer(std::make_unique<Impl>(options, comm, std::move(owned), generation)));
 }
 
 Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -178,11 +178,14 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     const LoadOptions& options) {
   absl::Status valid = ValidateLoadOptions(options);
   std::string text;
-  if (options.comm == nullptr) {
+  if (options.group.empty()) {
     STRATA_RETURN_IF_ERROR(valid);
     STRATA_ASSIGN_OR_RETURN(text, ReadManifestText(options));
   } else {
-    Communicator& comm = *options.comm;
+    absl::StatusOr<Communicator*> resolved = options.group.Resolve();
+    STRATA_RETURN_IF_ERROR_CTX(resolved.status(), "opening a checkpoint of '", options.directory,
+                               "'");
+    Communicator& comm = **resolved;
     const absl::Duration timeout = valid.ok() ? options.timeout : absl::Minutes(1);
     STRATA_ASSIGN_OR_RETURN(ci::Agreement a,
                             ci::Agree(&comm, valid, absl::Now() + timeout, "open: options"));
@@ -227,7 +230,14 @@ struct CheckpointReader::Job {
 absl::StatusOr<LoadReport> CheckpointReader::Load(absl::Span<const TensorTarget> targets) const {
   LoadReport report;
   report.step = manifest_.step;
-  Communicator* comm = options_.comm;
+  // Resolved now: a reader opened before a World rebuild loads over the
+  // group of the current generation.
+  Communicator* comm = nullptr;
+  if (!options_.group.empty()) {
+    absl::StatusOr<Communicator*> resolved = options_.group.Resolve();
+    STRATA_RETURN_IF_ERROR_CTX(resolved.status(), "loading checkpoint step ", manifest_.step);
+    comm = *resolved;
+  }
   // asked[i]: some target is manifest_.tensors[i] (on any rank, after the
   // allreduce).
   std::vector<uint8_t> asked(manifest_.tensors.size(), 0);

@@ -252,8 +252,11 @@ absl::Status DescribeTensorMismatch(Communicator& comm,
 }
 
 absl::Status CheckGroup(const ReplicaGroup& g, int64_t step, absl::Time deadline) {
-  if (g.comm == nullptr || g.comm->size() <= 1) return absl::OkStatus();
-  Communicator& comm = *g.comm;
+  if (g.group.empty()) return absl::OkStatus();
+  absl::StatusOr<Communicator*> resolved = g.group.Resolve();
+  STRATA_RETURN_IF_ERROR_CTX(resolved.status(), "replica check");
+  if ((*resolved)->size() <= 1) return absl::OkStatus();
+  Communicator& comm = **resolved;
   std::vector<const ReplicaDigest*> mine;
   for (const ReplicaDigest& t : g.tensors) mine.push_back(&t);
   std::sort(mine.begin(), mine.end(),
@@ -318,6 +321,14 @@ absl::Status CheckReplicasMatch(absl::Span<const ReplicaGroup> groups,
     return absl::InvalidArgumentError(absl::StrCat("ReplicaCheckOptions version ", options.version,
                                                    " is not ", ReplicaCheckOptions::kVersion));
   }
+  // Resolved before any collective: a handle that cannot be followed fails
+  // here, on every rank alike.
+  Communicator* all = nullptr;
+  if (!options.all.empty()) {
+    absl::StatusOr<Communicator*> resolved = options.all.Resolve();
+    STRATA_RETURN_IF_ERROR_CTX(resolved.status(), "replica check");
+    all = *resolved;
+  }
   // Every group is checked even after one failed: the ranks of a later
   // group wait for this rank there.
   absl::Status local;
@@ -325,10 +336,10 @@ absl::Status CheckReplicasMatch(absl::Span<const ReplicaGroup> groups,
     absl::Status s = CheckGroup(g, options.step, options.deadline);
     if (local.ok()) local = std::move(s);
   }
-  if (options.all == nullptr) return local;
+  if (all == nullptr) return local;
   STRATA_ASSIGN_OR_RETURN(checkpoint_internal::Agreement a,
-                          Agree(options.all, local, options.deadline, "replica check"));
-  return AgreedFailure(a, options.all->rank(), "checking replicas");
+                          Agree(all, local, options.deadline, "replica check"));
+  return AgreedFailure(a, all->rank(), "checking replicas");
 }
 
 }  // namespace strata

@@ -1,11 +1,12 @@
 #include "strata/comm/backend.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "comm/root_settings.h"
+#include "comm/validate.h"
 #include "strata/base/status.h"
 
 #ifdef STRATA_HAVE_MPI
@@ -54,6 +55,25 @@ absl::Status NotBuilt(absl::string_view backend) {
 
 }  // namespace
 
+namespace comm_internal {
+
+absl::StatusOr<std::shared_ptr<Store>> ResolveStore(const RootOptions& options,
+                                                    const Settings& settings) {
+  if (options.store != nullptr) return options.store;
+  if (settings.store.empty()) return std::shared_ptr<Store>();
+  absl::StatusOr<std::shared_ptr<Store>> store = OpenStore(settings.store);
+  if (!store.ok()) return internal::Annotate(store.status(), "STRATA_STORE");
+  return store;
+}
+
+RootOptions ResolveRootOptions(RootOptions options, const Settings& settings) {
+  if (!options.mpi.oversubscribed) options.mpi.oversubscribed = settings.oversubscribed;
+  options.nccl.apply_profile = options.nccl.apply_profile && settings.nccl_profile;
+  return options;
+}
+
+}  // namespace comm_internal
+
 std::vector<std::string> AvailableBackends() {
   std::vector<std::string> backends;
 #ifdef STRATA_HAVE_MPI
@@ -70,11 +90,8 @@ std::vector<std::string> AvailableBackends() {
 
 absl::StatusOr<std::shared_ptr<Store>> BootstrapStore(const RootOptions& options) {
   if (options.store != nullptr) return options.store;
-  const char* url = std::getenv("STRATA_STORE");
-  if (url == nullptr || *url == '\0') return std::shared_ptr<Store>();
-  absl::StatusOr<std::shared_ptr<Store>> store = OpenStore(url);
-  if (!store.ok()) return internal::Annotate(store.status(), "STRATA_STORE");
-  return store;
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromEnvironment());
+  return comm_internal::ResolveStore(options, settings);
 }
 
 absl::StatusOr<std::string> ResolveBackend(const LaunchEnv& env, absl::string_view backend) {
@@ -115,12 +132,19 @@ absl::StatusOr<std::string> ResolveBackend(const LaunchEnv& env, const RootOptio
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateRootCommunicator(const LaunchEnv& env,
-                                                                     const RootOptions& options) {
-  if (options.version != RootOptions::kVersion) {
+                                                                     const RootOptions& given) {
+  if (given.version != RootOptions::kVersion) {
     return absl::InvalidArgumentError(
-        absl::StrCat("RootOptions version ", options.version,
+        absl::StrCat("RootOptions version ", given.version,
                      " is not supported (this build: ", RootOptions::kVersion, ")"));
   }
+  // The one reading of strata's environment variables for this root and
+  // every communicator split from it.
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromEnvironment());
+  const RootOptions options = comm_internal::ResolveRootOptions(given, settings);
+  // The one check of a root's options, whatever the backend (Communicator
+  // checks those of splits and shrinks).
+  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   STRATA_ASSIGN_OR_RETURN(std::string backend, ResolveBackend(env, options));
 #ifdef STRATA_HAVE_MPI
   if (backend == "mpi") {
@@ -131,7 +155,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateRootCommunicator(const Launc
 #endif
 #ifdef STRATA_HAVE_GLOO
   if (backend == "gloo") {
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, BootstrapStore(options));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                            comm_internal::ResolveStore(options, settings));
     if (store == nullptr && env.world_size > 1) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the gloo backend bootstraps through a store, and none was given (rank ", env.rank,
@@ -148,7 +173,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateRootCommunicator(const Launc
 #endif
 #ifdef STRATA_HAVE_NCCL
   if (backend == "nccl") {
-    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, BootstrapStore(options));
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Store> store,
+                            comm_internal::ResolveStore(options, settings));
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> root,
                             nccl::CreateNcclRoot(env, options, std::move(store)));
     return root;

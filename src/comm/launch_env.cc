@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "strata/base/settings.h"
 #include "strata/base/status.h"
 
 namespace strata {
@@ -276,21 +277,21 @@ absl::StatusOr<LaunchEnv> LaunchEnv::Detect(const EnvLookup& getenv) {
                             {Launcher::kMpirun, &ReadMpirun},
                             {Launcher::kSlurm, &ReadSlurm}};
 
-  std::optional<std::string> forced = getenv("STRATA_LAUNCHER");
-  if (forced) {
-    std::string name = absl::AsciiStrToLower(*forced);
-    if (name == "none") return LaunchEnv();
+  // STRATA_LAUNCHER through the settings registry, which rejects a value
+  // that names no launcher.
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromLookup(getenv));
+  if (!settings.launcher.empty()) {
+    if (settings.launcher == "none") return LaunchEnv();
     for (const Reader& r : readers) {
-      if (name != LauncherName(r.launcher)) continue;
+      if (settings.launcher != LauncherName(r.launcher)) continue;
       STRATA_ASSIGN_OR_RETURN(std::optional<LaunchEnv> env, r.read(getenv));
       if (!env) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "STRATA_LAUNCHER=", *forced, " but none of that launcher's variables are set"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("STRATA_LAUNCHER=", settings.launcher,
+                         " but none of that launcher's variables are set"));
       }
       return *env;
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "STRATA_LAUNCHER='", *forced, "' is not one of none, mpirun, torchrun, slurm"));
   }
 
   std::optional<LaunchEnv> chosen;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "strata/base/settings.h"
 #include "strata/base/status.h"
 
 namespace strata::nccl {
@@ -236,10 +237,11 @@ std::vector<MappedLibrary> MappedNcclLibraries(bool with_linkers) {
   return out;
 }
 
-LibraryRequest RequestFromEnvironment(const std::string& option) {
+absl::StatusOr<LibraryRequest> RequestFromEnvironment(const std::string& option) {
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromEnvironment());
   LibraryRequest request;
   request.option = option;
-  if (const char* env = std::getenv("STRATA_NCCL_LIBRARY")) request.env = env;
+  request.env = settings.nccl_library;
   request.built = kBuiltLibrary;
   request.built_origin = kBuiltOrigin;
   return request;
@@ -390,7 +392,7 @@ absl::StatusOr<OpenedLibrary> OpenNcclLibrary(
 }
 
 absl::StatusOr<NcclLibraryInfo> ProbeNcclLibrary(const std::string& option) {
-  LibraryRequest request = RequestFromEnvironment(option);
+  STRATA_ASSIGN_OR_RETURN(const LibraryRequest request, RequestFromEnvironment(option));
   STRATA_ASSIGN_OR_RETURN(
       LibraryChoice choice,
       ChooseNcclLibrary(MappedNcclLibraries(/*with_linkers=*/true), request, &RealPath));

@@ -81,9 +81,11 @@ struct LibraryRequest {
   std::string built_origin;
 };
 
-// The request of this process: `option`, $STRATA_NCCL_LIBRARY, and the
-// library this build of strata was configured with.
-LibraryRequest RequestFromEnvironment(const std::string& option);
+// The request of this process: `option`, $STRATA_NCCL_LIBRARY (read
+// through the settings registry, strata/base/settings.h, which rejects a
+// malformed STRATA_* variable by name), and the library this build of strata
+// was configured with.
+absl::StatusOr<LibraryRequest> RequestFromEnvironment(const std::string& option);
 
 // One file to try, and why it is the one.
 struct Candidate {

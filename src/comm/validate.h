@@ -1,7 +1,7 @@
-// Argument checks every backend runs before it starts an operation, and
-// the descriptions that name an operation in messages. Backend-neutral, so
-// the MPI, NCCL and Gloo backends reject the same misuse with the same
-// words.
+// The argument checks of Communicator's public operations (communicator.cc
+// runs them before any backend's hook), and the descriptions that name an
+// operation in messages. Backend-neutral and in one place, so every backend
+// rejects the same misuse with the same words.
 //
 //   GroupInfo g{"tp", /*rank=*/1, /*size=*/2, /*world_rank=*/3};
 //   STRATA_RETURN_IF_ERROR(ValidateAllReduce(g, send, recv, op, caps));
@@ -31,13 +31,9 @@ struct GroupInfo {
   int world_rank = 0;
 };
 
-// What a backend can do with each dtype.
-struct Capabilities {
-  // True when `dtype` can be moved (broadcast, gather, all-to-all, p2p).
-  bool (*can_move)(DataType dtype) = nullptr;
-  // True when `dtype` can be reduced with sum/prod/min/max.
-  bool (*can_reduce)(DataType dtype) = nullptr;
-};
+// What a backend can do with each dtype (declared by the backend, checked
+// by Communicator's public operations).
+using Capabilities = CommCapabilities;
 
 // "group tp (rank 1 of 2, world rank 3)".
 std::string DescribeGroup(const GroupInfo& group);
@@ -79,10 +75,12 @@ absl::Status ValidateAllToAllV(const GroupInfo& g, const ConstBuffer& send, cons
                                const AllToAllCounts& counts, const Capabilities& caps);
 absl::Status ValidatePeer(const GroupInfo& g, absl::string_view op, const ConstBuffer& buffer,
                           int peer, const Capabilities& caps);
+// The excluded ranks of a Shrink: each in range and listed once, and not
+// every rank.
 absl::Status ValidateExcluded(const GroupInfo& g, absl::Span<const int> excluded);
 // InvalidArgument for a bad version, a non-positive timeout or an empty
-// name of a new communicator (the Gloo and NCCL backends; the MPI backend
-// has the same checks of its own).
+// name of a new communicator: CreateRootCommunicator checks a root's,
+// Communicator::Split and Shrink their children's.
 absl::Status CheckCommOptions(const CommOptions& options);
 
 }  // namespace strata::comm_internal

@@ -138,7 +138,13 @@ absl::StatusOr<Communicator*> GroupHandle::ResolveAt(uint64_t* generation) const
 
 absl::StatusOr<Communicator*> GroupHandle::Resolve() const {
   uint64_t generation = 0;
+  return Resolve(&generation);
+}
+
+absl::StatusOr<Communicator*> GroupHandle::Resolve(uint64_t* generation_out) const {
+  uint64_t generation = 0;
   STRATA_ASSIGN_OR_RETURN(Communicator * comm, ResolveAt(&generation));
+  *generation_out = generation;
   if (pinned_.has_value() && generation != pinned_->generation &&
       (comm->rank() != pinned_->rank || comm->size() != pinned_->size)) {
     return absl::FailedPreconditionError(

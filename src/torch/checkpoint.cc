@@ -412,7 +412,7 @@ absl::StatusOr<LoadReport> Load(const LoadOptions& options, const ModuleState& s
     return absl::OkStatus();
   };
   if (absl::Status prepared = prepare(); !prepared.ok()) {
-    if (options.comm != nullptr) FailCollectiveLoad(*reader, prepared);
+    if (!options.group.empty()) FailCollectiveLoad(*reader, prepared);
     return prepared;
   }
 

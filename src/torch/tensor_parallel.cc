@@ -167,16 +167,24 @@ Tensor Place(const Tensor& t, const LinearOptions& o) {
   return t.to(internal::DeviceOf(o.memory), internal::TorchType(o.dtype)).contiguous();
 }
 
+// This rank's rank in `group` now (the kernel pinned it at its creation).
+int RankIn(const GroupHandle& group) {
+  absl::StatusOr<Communicator*> comm = group.Resolve();
+  internal::Check(comm.status());
+  return (*comm)->rank();
+}
+
 }  // namespace
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(const LinearOptions& options,
-                                                   Communicator& group, const InitOptions& init) {
+                                                   const GroupHandle& group,
+                                                   const InitOptions& init) {
   auto made = strata::ColumnParallelLinear::Create(options, group);
   internal::Check(made.status());
   kernel_ = std::move(made).value();
   const int64_t local = kernel_->local_out_features();
   auto [w, b] = FullLinearInit(options.out_features, options.in_features, options.bias, init.seed);
-  const int64_t start = local * group.rank();
+  const int64_t start = local * RankIn(group);
   weight = register_parameter("weight", Place(w.narrow(0, start, local), options));
   if (options.bias) bias = register_parameter("bias", Place(b.narrow(0, start, local), options));
   shards_["weight"] = {{options.out_features, options.in_features}, {start, 0}};
@@ -188,17 +196,18 @@ Tensor ColumnParallelLinearImpl::forward(const Tensor& input) {
       input, weight, bias, reinterpret_cast<int64_t>(kernel_.get()));
 }
 
-RowParallelLinearImpl::RowParallelLinearImpl(const LinearOptions& options, Communicator& group,
+RowParallelLinearImpl::RowParallelLinearImpl(const LinearOptions& options, const GroupHandle& group,
                                              const InitOptions& init) {
   auto made = strata::RowParallelLinear::Create(options, group);
   internal::Check(made.status());
   kernel_ = std::move(made).value();
   const int64_t local = kernel_->local_in_features();
+  const int64_t start = local * RankIn(group);
   auto [w, b] = FullLinearInit(options.out_features, options.in_features, options.bias, init.seed);
-  weight = register_parameter("weight", Place(w.narrow(1, local * group.rank(), local), options));
+  weight = register_parameter("weight", Place(w.narrow(1, start, local), options));
   if (options.bias) bias = register_parameter("bias", Place(b, options));
   // The bias is whole on every rank: not a shard.
-  shards_["weight"] = {{options.out_features, options.in_features}, {0, local * group.rank()}};
+  shards_["weight"] = {{options.out_features, options.in_features}, {0, start}};
 }
 
 Tensor RowParallelLinearImpl::forward(const Tensor& input) {
@@ -206,7 +215,7 @@ Tensor RowParallelLinearImpl::forward(const Tensor& input) {
                                                           reinterpret_cast<int64_t>(kernel_.get()));
 }
 
-ParallelMLPImpl::ParallelMLPImpl(const ParallelMLPOptions& options, Communicator& group,
+ParallelMLPImpl::ParallelMLPImpl(const ParallelMLPOptions& options, const GroupHandle& group,
                                  const InitOptions& init) {
   LinearOptions o1;
   o1.in_features = options.hidden;

@@ -92,7 +92,7 @@ struct CrossEntropyFunction : public ::torch::autograd::Function<CrossEntropyFun
 }  // namespace
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const EmbeddingOptions& options,
-                                                       Communicator& group,
+                                                       const GroupHandle& group,
                                                        const InitOptions& init) {
   auto made = strata::VocabParallelEmbedding::Create(options, group);
   internal::Check(made.status());
@@ -113,7 +113,7 @@ Tensor VocabParallelEmbeddingImpl::forward(const Tensor& ids) {
 }
 
 VocabParallelCrossEntropyLossImpl::VocabParallelCrossEntropyLossImpl(
-    const CrossEntropyOptions& options, Communicator& group) {
+    const CrossEntropyOptions& options, const GroupHandle& group) {
   auto made = strata::VocabParallelCrossEntropy::Create(options, group);
   internal::Check(made.status());
   kernel_ = std::move(made).value();

@@ -8,19 +8,30 @@ the rendered page) on the line before the fence:
     <!-- test: file=train.py -->                    written to train.py, run by a later block
     <!-- test: ranks=4 session=comm -->              python, under plain `mpirun -np 4`
     <!-- test: torchrun=4 -->                        python, under plain torchrun
+    <!-- test: run -->                               python, in one process (`python3 x.py`)
     <!-- test: cwd=repo -->                          shell, in the repository root
 
-Without a comment a ``python`` block runs in one process and a shell block
-(``sh``, ``bash``, ``shell`` or no language) runs line by line in bash; any
-other language (cpp, cmake, json, text) needs a comment. Python blocks of
-one page with the same ``session`` are joined, in page order, into one
-script, as doctest joins the examples of one docstring: a page that builds
-``world`` in one block uses it in the next. The last block of a session
-carries the session's ``ranks``/``torchrun``.
+A shell block (``sh``, ``bash``, ``shell`` or no language) without a comment
+runs in bash, as one script, as a reader types it into a terminal. A
+``python`` block needs a comment: it says how the reader runs it (``run``,
+``ranks=N``, ``torchrun=N``, ``file=NAME``, ``session=S``) or why it is not
+run; a new block without one fails the suite with that advice. Any other
+language (cpp, cmake, json, text) needs ``file=`` or ``skip:``. Python
+blocks of one page with the same ``session`` are joined, in page order, into
+one script, as doctest joins the examples of one docstring: a page that
+builds ``world`` in one block uses it in the next. One block of a session
+(the last, by convention) carries the session's ``ranks``/``torchrun``.
+A python block written as an interactive session (``>>>`` prompts) runs
+as a doctest: its output must be what the page shows (whitespace
+normalised, ``...`` matching anything). Blocks with the same ``file=`` are joined in page order into that file (a
+program shown in parts).
 
 Blocks run in a fresh directory (the files of ``file=`` blocks of the page
-are written there), with the environment docs/getting-started.md tells a
-reader to set: PYTHONPATH holding the build's Python package.
+are written there; HOME is a fresh directory too, so that what a page
+writes under ~ stays there), with the environment docs/getting-started.md tells a
+reader to set: PYTHONPATH holding the build's Python package; as root, Open
+MPI's consent through its environment variables (OMPI_ALLOW_RUN_AS_ROOT),
+so that commands run as the page writes them.
 """
 
 import dataclasses
@@ -47,6 +58,8 @@ class Block:
     session: str = ""
     cwd: str = ""       # "repo" or "" (a fresh directory)
     timeout: int = 600
+    run: bool = False   # python in one process
+    annotated: bool = False  # a `<!-- test: ... -->` comment precedes it
 
     @property
     def id(self):
@@ -70,6 +83,9 @@ def parse_directive(text, where):
             raise ValueError(f"{where}: 'test: skip' needs a reason ('test: skip: why')")
         return {"skip": reason}
     for word in text.split():
+        if word == "run":
+            opts["run"] = True
+            continue
         if "=" not in word:
             raise ValueError(f"{where}: '{word}' in a test directive is not key=value")
         key, value = word.split("=", 1)
@@ -80,8 +96,8 @@ def parse_directive(text, where):
         elif key in ("file", "session", "cwd"):
             opts[key] = value
         else:
-            raise ValueError(f"{where}: unknown test directive '{key}' (known: skip, file, "
-                             "ranks, torchrun, session, cwd, timeout)")
+            raise ValueError(f"{where}: unknown test directive '{key}' (known: skip, run, "
+                             "file, ranks, torchrun, session, cwd, timeout)")
     if opts.get("cwd", "repo") != "repo":
         raise ValueError(f"{where}: cwd={opts['cwd']}: only cwd=repo is known")
     return opts
@@ -111,6 +127,7 @@ def blocks_of(page):
         block = Block(page=page, line=start + 1, lang=lang, body="\n".join(body) + "\n")
         d = _DIRECTIVE.match(lines[start - 1]) if start > 0 else None
         if d:
+            block.annotated = True
             for key, value in parse_directive(d.group(1), block.id).items():
                 setattr(block, key, value)
         out.append(block)
@@ -136,9 +153,25 @@ def problems(block):
     if not (block.is_python or block.is_shell):
         return (f"{block.id}: a ```{block.lang} block is not run: add '<!-- test: skip: "
                 "why -->' on the line before it, or make it runnable")
-    if block.is_shell and (block.ranks or block.torchrun):
-        return f"{block.id}: ranks/torchrun apply to python blocks; a shell block runs as written"
+    if block.is_shell and (block.ranks or block.torchrun or block.run):
+        return (f"{block.id}: run/ranks/torchrun apply to python blocks; a shell block runs "
+                "as written")
+    if block.is_python and not (block.run or block.ranks or block.torchrun or block.session):
+        return (f"{block.id}: a ```python block needs a test directive on the line before it "
+                "saying how a reader runs it: '<!-- test: run -->' (one process), "
+                "'<!-- test: ranks=N -->' (mpirun -np N), '<!-- test: torchrun=N -->', "
+                "'<!-- test: file=NAME -->' (a file a later block runs), "
+                "'<!-- test: session=S -->' (joined with the page's other blocks of session S), "
+                "or '<!-- test: skip: why -->' (see tests/docs/doc_blocks.py)")
+    if block.is_python and sum(map(bool, (block.run, block.ranks, block.torchrun))) > 1:
+        return f"{block.id}: run, ranks= and torchrun= exclude each other"
     return None
+
+
+def is_doctest(block):
+    """A python block written as an interactive session (``>>>`` prompts):
+    it runs as a doctest, its output compared with what the page shows."""
+    return block.is_python and block.body.lstrip().startswith(">>> ")
 
 
 def shell_commands(body):
@@ -152,7 +185,7 @@ def shell_commands(body):
         if not current and (not line.strip() or line.lstrip().startswith("#")):
             continue
         if line.endswith("\\"):
-            current += line[:-1] + " "
+            current += line[:-1]  # as bash joins them: the backslash-newline goes
             continue
         cmds.append(current + line)
         current = ""

@@ -2,13 +2,20 @@
 
 Python blocks run as scripts (joined per session, see doc_blocks.py) in one
 process or under the launchers with their default flags: plain
-`mpirun -np N` (plus --allow-run-as-root when the test runs as root, which
-mpirun requires, and --oversubscribe when N exceeds the cores, as the pages
-say) and plain `torchrun --standalone --nproc-per-node N`. Shell blocks run
-command by command in bash. A failure shows the page and line of the block.
+`mpirun -np N` (plus --oversubscribe when N exceeds the cores, as the pages
+say) and plain `torchrun --standalone --nproc-per-node N`. As root, Open MPI's
+consent comes from its environment variables, not from a flag, so that
+mpirun lines of the pages run as written. Shell blocks run command by
+command in bash. A failure shows the page and line of the block.
+
+$STRATA_DOCS_PAGES (page paths separated by spaces, e.g. "README.md
+docs/getting-started.md") limits the blocks run to those pages; CTest runs
+one test per page that way (tests/docs/CMakeLists.txt). The checks of the
+annotations and of the parser always cover every page.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -21,11 +28,21 @@ BUILD_PYTHON = os.environ.get("STRATA_DOCS_PYTHONPATH",
                               os.path.join(D.ROOT, "build", "python"))
 
 
+def _selected_pages():
+    wanted = os.environ.get("STRATA_DOCS_PAGES", "").split()
+    known = D.pages()
+    unknown = [p for p in wanted if p not in known]
+    if unknown:
+        raise ValueError(f"STRATA_DOCS_PAGES names {unknown}, which are not pages "
+                         f"(pages: {known})")
+    return wanted or known
+
+
 def _units():
     """(id, page, blocks) of what runs: a standalone python or shell block,
     or all python blocks of a session."""
     units = []
-    for page in D.pages():
+    for page in _selected_pages():
         sessions = {}
         for b in D.blocks_of(page):
             if b.skip or b.file or D.problems(b):
@@ -49,13 +66,16 @@ def _env():
                                         if env.get("PYTHONPATH") else "")
     env.pop("MAKEFLAGS", None)  # a make the page shows is not a sub-make of ctest's caller
     env.pop("MFLAGS", None)
+    if os.geteuid() == 0:
+        # Open MPI's consent to run as root, as its environment variables:
+        # the pages' mpirun lines stay as a (non-root) reader types them.
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     return env
 
 
 def _mpirun_flags(n):
     flags = []
-    if os.geteuid() == 0:
-        flags.append("--allow-run-as-root")
     if n > (os.cpu_count() or 1):
         flags.append("--oversubscribe")
     return flags
@@ -85,15 +105,38 @@ def _run(cmd, cwd, env, timeout, what):
 
 
 def _write_files(page, where):
+    """The page's file= blocks, those naming one file joined in page order."""
+    files = {}
     for b in D.blocks_of(page):
-        if b.file:
-            with open(os.path.join(where, b.file), "w", encoding="utf-8") as f:
-                f.write(b.body)
+        if b.file and not b.skip:
+            files[b.file] = files.get(b.file, "") + b.body
+    for name, text in files.items():
+        path = os.path.join(where, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def test_selected_pages_have_blocks_to_run():
+    # A page's test that runs nothing would pass without testing anything.
+    if os.environ.get("STRATA_DOCS_PAGES"):
+        assert UNITS, (f"STRATA_DOCS_PAGES={os.environ['STRATA_DOCS_PAGES']}: these pages have "
+                       "no block to run (all skipped or file=); drop the test or the skips")
 
 
 def test_every_block_runs_or_says_why():
     found = [p for p in (D.problems(b) for b in D.all_blocks()) if p]
     assert not found, "\n".join(found)
+
+
+def test_skips_that_point_to_a_tested_block_point_to_one():
+    # "same commands as docs/x.md:46, tested there": that block must exist and run.
+    blocks = {b.id: b for b in D.all_blocks()}
+    for b in blocks.values():
+        for ref in re.findall(r"\b((?:README\.md|docs/[\w.-]+\.md):\d+)\b", b.skip):
+            other = blocks.get(ref)
+            assert other is not None, f"{b.id}: its skip reason names {ref}, which is not a block"
+            assert not other.skip, f"{b.id}: its skip reason names {ref}, which is skipped too"
 
 
 def test_sessions_declare_their_launcher_once():
@@ -110,12 +153,20 @@ def test_sessions_declare_their_launcher_once():
 def test_block_runs_as_written(tmp_path, uid, page, blocks):
     _write_files(page, tmp_path)
     env = _env()
+    # What a page puts under ~ (`mkdir -p ~/first-job`) stays in the test's directory.
+    env["HOME"] = str(tmp_path / "home")
+    os.makedirs(env["HOME"])
     first = blocks[0]
     if first.is_python:
         launcher = next((b for b in blocks if b.ranks or b.torchrun), first)
         script = tmp_path / "doc_block.py"
-        script.write_text("".join(
-            f"# ---- {b.id}\n{b.body}" for b in blocks), encoding="utf-8")
+        if D.is_doctest(first):
+            # An interactive session (`>>>` lines): its output is compared, as doctest does.
+            script.write_text(_DOCTEST.format(text=repr(first.body), name=repr(first.id)),
+                              encoding="utf-8")
+        else:
+            script.write_text("".join(
+                f"# ---- {b.id}\n{b.body}" for b in blocks), encoding="utf-8")
         _run(_launch(launcher, str(script)), str(tmp_path), env,
              max(b.timeout for b in blocks), f"{uid} ({' + '.join(b.id for b in blocks)})")
         return
@@ -128,6 +179,14 @@ def test_block_runs_as_written(tmp_path, uid, page, blocks):
         lines.append(f"echo {_quote('+ ' + cmd)} >&2")
         lines.append(cmd)
     _run("\n".join(lines), cwd, env, first.timeout, f"{uid}")
+
+
+_DOCTEST = """import doctest, sys
+test = doctest.DocTestParser().get_doctest({text}, {{}}, {name}, {name}, 0)
+runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
+runner.run(test)
+sys.exit(1 if runner.failures else 0)
+"""
 
 
 def _quote(s):
@@ -164,3 +223,62 @@ def test_a_block_without_a_way_to_run_it_is_reported(tmp_path, monkeypatch):
     assert [b.lang for b in blocks] == ["cpp", "json"]
     assert "p.md:2" in D.problems(blocks[0])
     assert D.problems(blocks[1]) is None
+
+
+def test_a_python_block_must_say_how_it_runs(tmp_path, monkeypatch):
+    # A new example without a directive fails the suite, saying what to add:
+    # it may be code for several ranks, which one process would not show.
+    page = tmp_path / "p.md"
+    page.write_text("```python\nimport strata\n```\n\n<!-- test: run -->\n```python\nx = 1\n```\n"
+                    "<!-- test: ranks=2 session=s -->\n```python\nx = 1\n```\n"
+                    "<!-- test: run ranks=2 -->\n```python\nx = 1\n```\n"
+                    "<!-- test: run -->\n```sh\nls\n```\n", encoding="utf-8")
+    monkeypatch.setattr(D, "ROOT", str(tmp_path))
+    blocks = D.blocks_of("p.md")
+    first = D.problems(blocks[0])
+    assert first.startswith("p.md:1: a ```python block needs a test directive")
+    for advice in ("<!-- test: run -->", "ranks=N", "torchrun=N", "file=NAME", "session=S",
+                   "skip: why"):
+        assert advice in first
+    assert blocks[1].run and D.problems(blocks[1]) is None
+    assert D.problems(blocks[2]) is None
+    assert "exclude each other" in D.problems(blocks[3])
+    assert "apply to python blocks" in D.problems(blocks[4])
+
+
+def test_file_blocks_of_one_name_are_joined_in_page_order(tmp_path, monkeypatch):
+    page = tmp_path / "p.md"
+    page.write_text("<!-- test: file=main.cc -->\n```cpp\nint a;\n```\ntext\n"
+                    "<!-- test: file=CMakeLists.txt -->\n```cmake\nproject(x)\n```\n"
+                    "<!-- test: file=main.cc -->\n```cpp\nint b;\n```\n", encoding="utf-8")
+    monkeypatch.setattr(D, "ROOT", str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+    _write_files("p.md", str(out))
+    assert (out / "main.cc").read_text() == "int a;\nint b;\n"
+    assert (out / "CMakeLists.txt").read_text() == "project(x)\n"
+
+
+def test_an_interactive_session_is_compared_with_its_output(tmp_path):
+    good = D.Block(page="p.md", line=1, lang="python", run=True,
+                   body=">>> sorted({'b': 1, 'a': 2})\n['a',\n 'b']\n")
+    bad = D.Block(page="p.md", line=9, lang="python", run=True, body=">>> 1 + 1\n3\n")
+    assert D.is_doctest(good) and not D.is_doctest(D.Block("p.md", 1, "python", "x = 1\n"))
+    test_block_runs_as_written(tmp_path / "good", "p.md:1", "README.md", [good])
+    with pytest.raises(AssertionError, match="p.md:9"):
+        test_block_runs_as_written(tmp_path / "bad", "p.md:9", "README.md", [bad])
+
+
+def test_pages_are_selected_by_name(monkeypatch):
+    monkeypatch.setenv("STRATA_DOCS_PAGES", "README.md")
+    assert _selected_pages() == ["README.md"]
+    monkeypatch.setenv("STRATA_DOCS_PAGES", "docs/nope.md")
+    with pytest.raises(ValueError, match="docs/nope.md"):
+        _selected_pages()
+
+
+def test_readme_script_is_the_quickstart_example():
+    block = next(b for b in D.blocks_of("README.md") if b.file == "train.py")
+    with open(os.path.join(D.ROOT, "examples", "quickstart", "train.py"), encoding="utf-8") as f:
+        assert block.body == f.read(), ("README.md's train.py and examples/quickstart/train.py "
+                                        "differ: keep them the same")

@@ -53,7 +53,7 @@ absl::Status Save(Communicator* comm, CommUse use, const std::string& dir, const
                   const std::function<void()>& on_created = nullptr) {
   CheckpointOptions o;
   o.directory = dir;
-  (use == CommUse::kSplitOff ? o.split_from : o.comm) = comm;
+  (use == CommUse::kSplitOff ? o.split_from : o.group) = GroupHandle::Fixed(comm);
   o.chunk_bytes = 4096;
   o.max_file_bytes = 1024;  // several files per rank: "file_partial" falls between them
   o.commit_timeout = absl::Seconds(60);
@@ -86,7 +86,7 @@ void ExpectIntact(Communicator* comm, const std::string& dir, int64_t step, int6
   LoadOptions lo;
   lo.directory = dir;
   lo.step = step;
-  lo.comm = comm;
+  lo.group = GroupHandle::Fixed(comm);
   lo.timeout = absl::Seconds(60);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(lo);
   CHECK_TRUE(reader.ok(), "open step ", step, ": ", reader.status().ToString());

@@ -32,7 +32,7 @@ class CheckpointMpiTest : public MultiRankTest {
                                  const CheckpointOptions* tweak = nullptr) {
     CheckpointOptions o = tweak != nullptr ? *tweak : CheckpointOptions{};
     o.directory = dir;
-    o.split_from = &world();
+    o.split_from = GroupHandle::Fixed(&world());
     o.chunk_bytes = 4096;
     o.commit_timeout = absl::Seconds(120);
     absl::StatusOr<std::unique_ptr<Checkpointer>> ckpt = Checkpointer::Create(o);
@@ -60,7 +60,7 @@ class CheckpointMpiTest : public MultiRankTest {
   static Loaded LoadShards(const std::string& dir, const std::vector<ShardedTensor>& want,
                            LoadOptions o = {}) {
     o.directory = dir;
-    o.comm = &world();
+    o.group = GroupHandle::Fixed(&world());
     o.timeout = absl::Seconds(120);
     Loaded out;
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(o);
@@ -332,7 +332,7 @@ TEST_F(CheckpointMpiTest, CheckpointTrafficDoesNotInterleaveWithTraining) {
   const int n = size(), r = rank();
   CheckpointOptions o;
   o.directory = dir.path();
-  o.split_from = &world();
+  o.split_from = GroupHandle::Fixed(&world());
   o.keep_last = 2;
   o.commit_timeout = absl::Seconds(120);
   // Give the writer time to overlap with the allreduces below.

@@ -44,19 +44,28 @@ RootOptions HarnessRootOptions() {
 
 bool BackendIs(absl::string_view backend) { return HarnessRootOptions().backend == backend; }
 
-Communicator& MultiRankTest::world() {
+Communicator& HarnessWorld() {
   STRATA_CHECK(g_world != nullptr && *g_world != nullptr, "harness root communicator missing");
   return **g_world;
 }
 
+absl::StatusOr<bool> VoteOnFailure(bool failed) {
+  int32_t mine = failed ? 1 : 0, any = 0;
+  absl::StatusOr<std::unique_ptr<Work>> work = HarnessWorld().AllReduce(
+      ConstBuffer(&mine, 1, DataType::kInt32), Buffer::Of(&any, 1), ReduceOp::kMax);
+  STRATA_RETURN_IF_ERROR(work.status());
+  STRATA_RETURN_IF_ERROR((*work)->Wait(absl::Now() + absl::Seconds(120)));
+  return any != 0;
+}
+
+Communicator& MultiRankTest::world() { return HarnessWorld(); }
+
 void MultiRankTest::TearDown() {
   // Every rank says whether it failed; all agree on the verdict.
-  int32_t mine = HasFailure() ? 1 : 0, any = 0;
-  absl::StatusOr<std::unique_ptr<Work>> work = world().AllReduce(
-      ConstBuffer(&mine, 1, DataType::kInt32), Buffer::Of(&any, 1), ReduceOp::kMax);
-  absl::Status s = work.ok() ? (*work)->Wait(Deadline()) : work.status();
-  ASSERT_TRUE(s.ok()) << "end-of-test vote failed: " << s;
-  if (any && !mine) ADD_FAILURE() << "the test failed on another rank (see its report)";
+  const bool mine = HasFailure();
+  const absl::StatusOr<bool> any = VoteOnFailure(mine);
+  ASSERT_TRUE(any.ok()) << "end-of-test vote failed: " << any.status();
+  if (*any && !mine) ADD_FAILURE() << "the test failed on another rank (see its report)";
 }
 
 }  // namespace strata::testing

@@ -37,6 +37,11 @@ namespace strata::testing {
 RootOptions HarnessRootOptions();
 // Whether the suite runs on `backend` ("mpi", "gloo").
 bool BackendIs(absl::string_view backend);
+// The process's root communicator (made by main() before the tests run).
+Communicator& HarnessWorld();
+// Every rank says whether its test failed; returns whether any did.
+// Collective over HarnessWorld().
+absl::StatusOr<bool> VoteOnFailure(bool failed);
 
 class MultiRankTest : public ::testing::Test {
  protected:

@@ -30,7 +30,8 @@ using ::torch::Tensor;
 constexpr int64_t kHidden = 8, kFfn = 16, kVocab = 16;
 
 struct TpNetImpl : ::torch::nn::Module {
-  TpNetImpl(Communicator& tp, uint64_t seed) {
+  TpNetImpl(Communicator& comm, uint64_t seed) {
+    const GroupHandle tp = GroupHandle::Fixed(&comm);
     emb = register_module("emb", nn::VocabParallelEmbedding(EmbeddingOptions{kVocab, kHidden}, tp,
                                                             InitOptions{seed}));
     ParallelMLPOptions mo;
@@ -105,7 +106,7 @@ TEST_F(TorchCheckpointMpiTest, SavedAtTp2Dp2LoadsAtTp1AndTp4) {
     st.whole_replica = {rank(), 4};
     CheckpointOptions co;
     co.directory = dir + "/ckpt";
-    co.split_from = &world();
+    co.split_from = GroupHandle::Fixed(&world());
     co.commit_timeout = absl::Seconds(120);
     STRATA_ASSERT_OK(SaveModuleStateSync(co, 9, st));
   }
@@ -135,7 +136,7 @@ TEST_F(TorchCheckpointMpiTest, SavedAtTp2Dp2LoadsAtTp1AndTp4) {
     st.optimizer = &adam;
     LoadOptions lo;
     lo.directory = dir + "/ckpt";
-    lo.comm = &world();
+    lo.group = GroupHandle::Fixed(&world());
     lo.timeout = absl::Seconds(120);
     STRATA_ASSERT_OK_AND_ASSIGN(LoadReport report, LoadModuleState(lo, st));
     EXPECT_EQ(report.step, 9);
@@ -176,14 +177,14 @@ TEST_F(TorchCheckpointMpiTest, ARankThatCannotLoadFailsEveryRank) {
   st.whole_replica = {rank(), 4};
   CheckpointOptions co;
   co.directory = dir + "/ckpt";
-  co.split_from = &world();
+  co.split_from = GroupHandle::Fixed(&world());
   co.commit_timeout = absl::Seconds(120);
   STRATA_ASSERT_OK(SaveModuleStateSync(co, 1, st));
 
   if (rank() == 1) net->register_buffer("z", ::torch::zeros({2}, ::torch::kComplexFloat));
   LoadOptions lo;
   lo.directory = dir + "/ckpt";
-  lo.comm = &world();
+  lo.group = GroupHandle::Fixed(&world());
   lo.timeout = absl::Seconds(120);
   absl::StatusOr<LoadReport> r = LoadModuleState(lo, st);
   ASSERT_FALSE(r.ok());

@@ -78,7 +78,8 @@ TEST_P(TpKernelsTest, LinearLayersMatchTheUnshardedLayer) {
       std::unique_ptr<RowParallelLinear> row;
       if (c.column) {
         const int64_t ol = out / tp;
-        STRATA_ASSERT_OK_AND_ASSIGN(col, ColumnParallelLinear::Create(o, *group));
+        STRATA_ASSERT_OK_AND_ASSIGN(
+            col, ColumnParallelLinear::Create(o, GroupHandle::Fixed(group.get())));
         x_in = c.sequence_parallel ? X.Rows(r * rl, rl) : X;
         w_l = W.Rows(r * ol, ol);
         b_l = Bv.Cols(r * ol, ol);
@@ -88,7 +89,8 @@ TEST_P(TpKernelsTest, LinearLayersMatchTheUnshardedLayer) {
         dw_want = DW.Rows(r * ol, ol);
       } else {
         const int64_t il = in / tp;
-        STRATA_ASSERT_OK_AND_ASSIGN(row, RowParallelLinear::Create(o, *group));
+        STRATA_ASSERT_OK_AND_ASSIGN(row,
+                                    RowParallelLinear::Create(o, GroupHandle::Fixed(group.get())));
         x_in = c.input_is_parallel ? X.Cols(r * il, il) : X;
         w_l = W.Cols(r * il, il);
         b_l = Bv;
@@ -128,7 +130,8 @@ TEST_P(TpKernelsTest, VocabParallelEmbeddingAndCrossEntropy) {
   eo.num_embeddings = vocab;
   eo.embedding_dim = dim;
   eo.sequence_parallel = true;
-  STRATA_ASSERT_OK_AND_ASSIGN(auto emb, VocabParallelEmbedding::Create(eo, *group));
+  STRATA_ASSERT_OK_AND_ASSIGN(auto emb,
+                              VocabParallelEmbedding::Create(eo, GroupHandle::Fixed(group.get())));
   const int64_t vl = vocab / tp, tl = tokens / tp;
   HostMatrix wl = HostMatrix::FromDense(T.Rows(r * vl, vl), DataType::kFloat32);
   HostMatrix y(tl, dim, DataType::kFloat32);
@@ -143,7 +146,8 @@ TEST_P(TpKernelsTest, VocabParallelEmbeddingAndCrossEntropy) {
   CrossEntropyOptions co;
   co.vocab_size = vocab;
   co.label_smoothing = 0.1;
-  STRATA_ASSERT_OK_AND_ASSIGN(auto ce, VocabParallelCrossEntropy::Create(co, *group));
+  STRATA_ASSERT_OK_AND_ASSIGN(
+      auto ce, VocabParallelCrossEntropy::Create(co, GroupHandle::Fixed(group.get())));
   HostMatrix zl = HostMatrix::FromDense(Z.Cols(r * vl, vl), DataType::kFloat32);
   std::vector<float> loss(tokens), lse(tokens);
   STRATA_ASSERT_OK(ce->Forward({zl.cref(), target.data(), loss.data(), lse.data()}));

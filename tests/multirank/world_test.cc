@@ -27,65 +27,84 @@ class WorldTest : public MultiRankTest {};
 // request is then a probe split. Everything else is the host communicator.
 class DeviceLike final : public Communicator {
  public:
-  explicit DeviceLike(std::unique_ptr<Communicator> host) : host_(std::move(host)) {}
-  int rank() const override { return host_->rank(); }
-  int size() const override { return host_->size(); }
-  const std::string& name() const override { return host_->name(); }
-  int world_rank() const override { return host_->world_rank(); }
+  explicit DeviceLike(std::unique_ptr<Communicator> host)
+      : Communicator(Options(*host), Membership{host->rank(), host->size(), host->world_rank()},
+                     host->capabilities()),
+        host_(std::move(host)) {}
   absl::string_view backend() const override { return host_->backend(); }
   MemoryKind memory() const override { return MemoryKind::kCuda; }
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer s, Buffer r, ReduceOp op,
-                                                  const OpOptions& o) override {
-    return host_->AllReduce(s, r, op, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer b, int root, const OpOptions& o) override {
-    return host_->Broadcast(b, root, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer s, Buffer r, ReduceOp op, int root,
-                                               const OpOptions& o) override {
-    return host_->Reduce(s, r, op, root, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer s, Buffer r,
-                                                  const OpOptions& o) override {
-    return host_->AllGather(s, r, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer s, Buffer r, ReduceOp op,
-                                                      const OpOptions& o) override {
-    return host_->ReduceScatter(s, r, op, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer s, Buffer r,
-                                                 const OpOptions& o) override {
-    return host_->AllToAll(s, r, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer s, Buffer r, const AllToAllCounts& c,
-                                                  const OpOptions& o) override {
-    return host_->AllToAllV(s, r, c, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& o) override {
-    return host_->Barrier(o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer b, int peer, const OpOptions& o) override {
-    return host_->Send(b, peer, o);
-  }
-  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer b, int peer, const OpOptions& o) override {
-    return host_->Recv(b, peer, o);
-  }
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const CommOptions& o) override {
-    ++splits_;
-    return host_->Split(color, key, o);
-  }
-  absl::Status Abort() override { return host_->Abort(); }
-  absl::Status Revoke() override { return host_->Revoke(); }
-  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
-                                                       const CommOptions& o) override {
-    return host_->Shrink(excluded, o);
-  }
-  absl::Status AsyncError() override { return host_->AsyncError(); }
 
   int splits() const { return splits_; }
 
+ protected:
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer s, Buffer r, ReduceOp op,
+                                                    const ResolvedOptions& o) override {
+    return host_->AllReduce(s, r, op, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer b, int root,
+                                                    const ResolvedOptions& o) override {
+    return host_->Broadcast(b, root, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer s, Buffer r, ReduceOp op, int root,
+                                                 const ResolvedOptions& o) override {
+    return host_->Reduce(s, r, op, root, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoAllGather(ConstBuffer s, Buffer r,
+                                                    const ResolvedOptions& o) override {
+    return host_->AllGather(s, r, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(ConstBuffer s, Buffer r, ReduceOp op,
+                                                        const ResolvedOptions& o) override {
+    return host_->ReduceScatter(s, r, op, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer s, Buffer r,
+                                                   const ResolvedOptions& o) override {
+    return host_->AllToAll(s, r, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(ConstBuffer s, Buffer r,
+                                                    const AllToAllCounts& c,
+                                                    const ResolvedOptions& o) override {
+    return host_->AllToAllV(s, r, c, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions& o) override {
+    return host_->Barrier(Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer b, int peer,
+                                               const ResolvedOptions& o) override {
+    return host_->Send(b, peer, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer b, int peer,
+                                               const ResolvedOptions& o) override {
+    return host_->Recv(b, peer, Forward(o));
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key, const CommOptions& o,
+                                                        const ResolvedOptions&) override {
+    ++splits_;
+    return host_->Split(color, key, o);
+  }
+  absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(const ShrinkPlan& plan,
+                                                         const CommOptions& o,
+                                                         const ResolvedOptions&) override {
+    return host_->Shrink(plan.excluded, o);
+  }
+  absl::Status DoAbort() override { return host_->Abort(); }
+  absl::Status DoRevoke() override { return host_->Revoke(); }
+  absl::Status DoAsyncError() override { return host_->AsyncError(); }
+
  private:
+  static CommOptions Options(const Communicator& host) {
+    CommOptions options;
+    options.name = host.name();
+    options.timeout = host.timeout();
+    return options;
+  }
+  static OpOptions Forward(const ResolvedOptions& resolved) {
+    OpOptions options;
+    options.timeout = resolved.timeout;
+    options.stream = resolved.stream;
+    return options;
+  }
+
   std::unique_ptr<Communicator> host_;
   int splits_ = 0;
 };

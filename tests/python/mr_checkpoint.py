@@ -273,3 +273,41 @@ def test_per_layer_tensors_load_under_another_pipeline_split(shared_dir, save_pp
         opt = torch.optim.Adam(m.parameters())
         with pytest.raises(strata.CheckpointError, match="no rank asked for: 'model.7.bias'"):
             ckpt.load(shared_dir, {"model": m, "optimizer": opt}, world=w)
+
+
+def test_a_checkpointer_follows_a_rebuilt_world(shared_dir):
+    """World ranks 2 and 3 (one tp=2 replica) leave; the survivors rebuild
+    the world in place. The checkpointer made before the rebuild saves again
+    (over a communicator it splits off the new generation) and the step
+    loads back; on the ranks that left it raises instead of hanging."""
+    if N < 4:
+        pytest.skip("needs 4 ranks or more")
+    w = strata.init(strata.Mesh(N, tp=2), timeout=120)
+    c = ckpt.AsyncCheckpointer(shared_dir, world=w, commit_timeout=120)
+    c.save({"w": torch.arange(4.0)}, step=1)
+    c.wait()
+    problems = []
+    if w.rank in (2, 3):
+        w.destroy()
+        try:
+            c.save({"w": torch.arange(4.0)}, step=2)
+            problems.append("a checkpointer saved through a destroyed world")
+        except strata.Error as e:
+            if "destroyed" not in str(e):
+                problems.append(f"leaver: {type(e).__name__}: {e}")
+        c.close()
+    else:
+        root = w.group().shrink([2, 3], name="world")
+        w._rebuild(root, strata.Mesh(N - 2, tp=2))
+        c.save({"w": 2 * torch.arange(4.0)}, step=2)
+        c.wait()
+        c.close()
+        state = {"w": torch.zeros(4)}
+        ckpt.load(shared_dir, state, world=w)
+        if not torch.equal(state["w"], 2 * torch.arange(4.0)):
+            problems.append(f"loaded {state['w']}")
+        info = ckpt.info(shared_dir)
+        if (info["step"], info["world_size"]) != (2, N - 2):
+            problems.append(f"step 2 saved as {info}")
+        w.destroy()
+    assert not problems, problems

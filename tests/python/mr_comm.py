@@ -10,6 +10,7 @@ failure on one rank cannot leave the others waiting in a collective.
 
 import os
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -439,4 +440,91 @@ def test_survivors_of_a_leaving_replica_rebuild_the_world(world):
                 problems.append(str(e))
         _step(_pipeline(w, "dp", 3))
         w.destroy()
+    agree(world, problems)
+
+
+def _wait_released(ref, seconds=20.0):
+    """Whether `ref`'s object is freed within `seconds` (a release from a
+    backend thread reaches Python as a pending call, run between bytecodes)."""
+    deadline = time.monotonic() + seconds
+    while ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ref() is None
+
+
+def test_tensors_of_a_failed_operation_are_released_with_their_world(world):
+    """A receive that failed at its deadline keeps its tensor only as long
+    as MPI may write into it: the world that ran it holds it (nothing
+    process-wide), and once the message has arrived and the world is
+    destroyed, it is freed."""
+    if world.group().backend != "mpi":
+        pytest.skip("MPI's pending receives (Gloo's are released with their communicator)")
+    problems = []
+    side = strata.init(timeout=120)  # its root fails at the deadline; `world` stays usable
+    t = torch.zeros(4)
+    ref = weakref.ref(t)
+    if world.rank == 0:
+        try:
+            side.group().recv(t, src=1, timeout=0.3)
+            problems.append("a receive nobody sent to completed")
+        except strata.CommError as e:
+            if e.code != "DEADLINE_EXCEEDED":
+                problems.append(f"{e.code}: {e}")
+        del t
+        if ref() is None or side._raw._kept() != 1:
+            problems.append(f"after the failure: alive {ref() is not None}, kept "
+                            f"{side._raw._kept()} (want the world to keep it)")
+    world.group().barrier()
+    if world.rank == 1:  # the message the failed receive still waits for
+        side.group().send(torch.ones(4), dst=0, timeout=30)
+    world.group().barrier()
+    if world.rank == 0:
+        time.sleep(1.0)  # the progress engine completes the orphaned receive
+        side.destroy()
+        if not _wait_released(ref):
+            problems.append("the tensor of a failed receive outlived its world")
+    else:
+        side.destroy()
+    agree(world, problems)
+
+
+def test_a_dropped_work_keeps_its_tensor_until_the_operation_ends(world):
+    """A receive whose Work is dropped while it is in flight keeps its
+    tensor (MPI writes into it later): freed once the receive completed;
+    when it never completes, kept until its world is destroyed, which
+    cancels the receive (MPI_Cancel: MPI then no longer writes into it),
+    and freed then."""
+    if world.group().backend != "mpi":
+        pytest.skip("MPI's pending receives (Gloo's are released with their communicator)")
+    problems = []
+    side = strata.init(timeout=120)
+    t, never = torch.zeros(4), torch.zeros(4)
+    ref, never_ref = weakref.ref(t), weakref.ref(never)
+    if world.rank == 0:
+        side.group().recv(t, src=1, async_op=True)  # the Works are dropped at once
+        side.group().recv(never, src=1, async_op=True)
+        del t, never
+        if ref() is None or never_ref() is None or side._raw._kept() != 2:
+            problems.append(f"tensors of receives in flight: alive {ref() is not None}, "
+                            f"{never_ref() is not None}; kept {side._raw._kept()}")
+    world.group().barrier()
+    if world.rank == 1:
+        side.group().send(torch.full((4,), 7.0), dst=0, timeout=30)
+    world.group().barrier()
+    if world.rank == 0:
+        deadline = time.monotonic() + 20
+        while side._raw._kept() > 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if ref() is not None:
+            problems.append("the tensor of a completed receive is still kept")
+        if never_ref() is None:
+            problems.append("the tensor of a receive in flight was freed before its world")
+        side.destroy()
+        deadline = time.monotonic() + 10  # released on the main thread (a pending call)
+        while never_ref() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if never_ref() is not None:
+            problems.append("the tensor of a receive cancelled with its world is still kept")
+    else:
+        side.destroy()
     agree(world, problems)

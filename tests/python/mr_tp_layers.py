@@ -5,9 +5,19 @@ those of the unsharded layer computed here with plain torch operators
 (fp32: relative error <= 1e-5, bf16: <= 1e-2).
 
     mpirun -np 8 python -m pytest tests/python/mr_tp_layers.py
+
+With STRATA_TEST_DEVICE=cuda the layers and the reference run on the
+rank's GPU (the local rank modulo the visible devices, so several ranks may
+share one) and the groups on NCCL; tools/dev/gpu_checks.sh runs it so under
+torchrun. On CUDA it also checks that the column-parallel backward really
+overlaps its input-gradient all-reduce with the weight-gradient GEMM (the
+kernels' times, from torch's profiler, overlap).
+
+    STRATA_TEST_DEVICE=cuda torchrun --nproc-per-node 4 -m pytest tests/python/mr_tp_layers.py
 """
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -21,11 +31,17 @@ ENV = strata.launch_env()
 TPS = [t for t in (1, 2, 4, 8) if ENV.world_size % t == 0]
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 S, B = 8, 2  # sequence, batch: divisible by every tp
+DEVICE = torch.device(os.environ.get("STRATA_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    DEVICE = torch.device("cuda", ENV.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(DEVICE)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs in fp32, as on the CPU
 
 
 @pytest.fixture(scope="module", params=TPS, ids=lambda t: f"tp{t}")
 def world(request):
-    w = strata.init(strata.Mesh(ENV.world_size, tp=request.param))
+    backend = "nccl" if DEVICE.type == "cuda" else "auto"
+    w = strata.init(strata.Mesh(ENV.world_size, tp=request.param), backend=backend)
     yield w
     w.destroy()
 
@@ -44,7 +60,7 @@ def check(got, want, dtype, what):
 
 def data(shape, seed, dtype):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=g).to(dtype)
+    return torch.randn(shape, generator=g).to(dtype).to(DEVICE)
 
 
 def rows(t, tp, r):
@@ -65,7 +81,7 @@ def reference_linear(in_f, out_f, bias, seed, dtype):
     with torch.no_grad():
         for p in ref.parameters():
             p.copy_(p.to(dtype).float())
-    return ref
+    return ref.to(DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -86,7 +102,8 @@ def test_column_parallel_linear(world, dtype):
 
         torch.manual_seed(7)
         layer = snn.ColumnParallelLinear(in_f, out_f, group=world, bias=bias, gather_output=gather,
-                                         sequence_parallel=sp, skip_bias_add=skip, dtype=dtype)
+                                         sequence_parallel=sp, skip_bias_add=skip, dtype=dtype,
+                                         device=DEVICE)
         assert torch.equal(layer.weight.float(), rows(ref.weight.detach(), tp, r)), what
         xs = (rows(x, tp, r) if sp else x).detach().clone().requires_grad_()
         out = layer(xs)
@@ -123,7 +140,7 @@ def test_row_parallel_linear(world, dtype):
         torch.manual_seed(8)
         layer = snn.RowParallelLinear(in_f, out_f, group=world.group("tp"), bias=bias,
                                       input_is_parallel=parallel_in, sequence_parallel=sp,
-                                      skip_bias_add=skip, dtype=dtype)
+                                      skip_bias_add=skip, dtype=dtype, device=DEVICE)
         assert torch.equal(layer.weight.float(), cols(ref.weight.detach(), tp, r)), what
         xs = (cols(x, tp, r) if parallel_in else x).detach().clone().requires_grad_()
         out = layer(xs)
@@ -148,13 +165,15 @@ def test_vocab_parallel_embedding(world, dtype, sp):
     ref = torch.nn.Embedding(vocab, dim)
     with torch.no_grad():
         ref.weight.copy_(ref.weight.to(dtype).float())
+    ref = ref.to(DEVICE)
     g = torch.Generator().manual_seed(10)
-    ids = torch.randint(0, vocab, (S, B), generator=g)
+    ids = torch.randint(0, vocab, (S, B), generator=g).to(DEVICE)
     probe = data((S, B, dim), 11, dtype)
     y = ref(ids)
     (y.float() * probe.float()).sum().backward()
     torch.manual_seed(9)
-    emb = snn.VocabParallelEmbedding(vocab, dim, group=world, sequence_parallel=sp, dtype=dtype)
+    emb = snn.VocabParallelEmbedding(vocab, dim, group=world, sequence_parallel=sp, dtype=dtype,
+                                     device=DEVICE)
     assert torch.equal(emb.weight.float(), rows(ref.weight.detach(), tp, r))
     out = emb(ids)
     check(out.detach(), rows(y.detach(), tp, r) if sp else y.detach(), dtype, "embedding output")
@@ -169,7 +188,7 @@ def test_vocab_parallel_cross_entropy_matches_torch(world, dtype):
     vocab = 40
     logits = (data((S, B, vocab), 12, torch.float32) * 4).to(dtype)
     g = torch.Generator().manual_seed(13)
-    base = torch.randint(0, vocab, (S, B), generator=g)
+    base = torch.randint(0, vocab, (S, B), generator=g).to(DEVICE)
     base[5, 0] = 7
     for smoothing, ignore in itertools.product([0.0, 0.1], [-100, 7]):
         target = base.clone()
@@ -193,6 +212,57 @@ def test_vocab_parallel_cross_entropy_matches_torch(world, dtype):
         torch_mean = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(),
                                      ignore_index=ignore, label_smoothing=smoothing)
         check(mean.detach(), torch_mean, torch.float32, what + " mean")
+
+
+def _kernels(prof):
+    """(name, start us, end us) of the CUDA kernels torch's profiler saw."""
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > 0:
+            out.append((e.name, e.time_range.start, e.time_range.end))
+    return out
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="stream overlap is a CUDA property "
+                    "(STRATA_TEST_DEVICE=cuda)")
+def test_column_parallel_backward_overlaps_its_all_reduce_with_the_weight_gradient(world):
+    tp_group = world.group("tp")
+    tp = tp_group.size
+    if tp == 1:
+        pytest.skip("a group of one communicates nothing")
+    from torch.profiler import ProfilerActivity, profile
+    tokens, in_f, out_f = 2048, 4096, 2048 * tp  # the all-reduce: 32 MiB of fp32
+    torch.manual_seed(21)
+    layer = snn.ColumnParallelLinear(in_f, out_f, group=world, bias=False, device=DEVICE)
+    x = torch.randn(tokens, 1, in_f, device=DEVICE, requires_grad=True)
+    dy = torch.randn(tokens, 1, out_f // tp, device=DEVICE)
+
+    def step():
+        x.grad = None
+        layer.weight.grad = None
+        layer(x).backward(dy)
+        torch.cuda.synchronize()
+
+    step()  # warm-up: NCCL's and cuBLAS's first calls
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+    kernels = _kernels(prof)
+    if not kernels:
+        pytest.skip("torch's profiler recorded no CUDA kernels here (CUPTI unavailable?)")
+    nccl = [k for k in kernels if "nccl" in k[0].lower()]
+    compute = [k for k in kernels if "nccl" not in k[0].lower()
+               and "memcpy" not in k[0].lower() and "memset" not in k[0].lower()]
+    assert nccl, f"no NCCL kernel in the backward: {[k[0] for k in kernels]}"
+    overlapping = [(c[0], n[0]) for c in compute for n in nccl
+                   if c[1] < n[2] and c[2] > n[1]]
+    timeline = "; ".join(f"{name[:40]} {start:.0f}-{end:.0f} us"
+                         for name, start, end in sorted(kernels, key=lambda k: k[1]))
+    assert overlapping, ("no compute kernel ran while the input-gradient all-reduce did (the "
+                         f"collective was serialised with the weight-gradient GEMM): {timeline}")
+    # And the values are still right: the same layer without overlap (tp of
+    # one rank's shard computed here) is the reference for the weight.
+    want_w = dy.reshape(tokens, -1).t().matmul(x.detach().reshape(tokens, -1))
+    check(layer.weight.grad, want_w, torch.float32, "grad weight with overlap")
 
 
 def test_errors_name_the_sizes(world):

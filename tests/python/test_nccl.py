@@ -1,7 +1,9 @@
-"""The nccl backend from Python, in one process. On a machine without a GPU
-this checks the parts that need none: that strata uses the libnccl torch
-loaded (one NCCL per process), and the clear errors; the CUDA-tensor tests
-skip there and run on the device machine."""
+"""The nccl backend from Python, in one process or, under torchrun, on
+several (tools/dev/gpu_checks.sh runs it on 1, 2, 4 and 8 ranks, sharing
+one GPU where NCCL allows it). On a machine without a GPU this checks the
+parts that need none: that strata uses the libnccl torch loaded (one NCCL
+per process), and the clear errors; the CUDA-tensor tests skip there and
+run on the device machine."""
 
 import os
 
@@ -59,6 +61,9 @@ def test_init_nccl_without_a_gpu_says_so():
 
 @pytest.mark.skipif(not GPU, reason="needs a CUDA device (runs on the device machine)")
 def test_cuda_collectives_on_the_current_stream():
+    # The rank's device, as strata picks it (the local rank modulo the
+    # devices): under a launcher several ranks may share one GPU.
+    torch.cuda.set_device(strata.launch_env().local_rank % torch.cuda.device_count())
     with strata.init(backend="nccl", timeout=60) as world:
         g = world.group("world")
         assert (g.backend, g.memory) == ("nccl", "cuda")

@@ -4,6 +4,7 @@ of real machine types, the lint of the issue's guide, errors, exit codes."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -144,3 +145,55 @@ def test_variable_doc_is_generated_from_the_table():
         doc = f.read()
     assert doc.endswith(table.stdout), "regenerate docs/nccl-variables.md (see its header)"
 
+
+
+GENERATOR = os.path.join(HERE, "..", "..", "src", "comm", "nccl_tuning", "gen_nccl_vars.py")
+TABLE = os.path.join(HERE, "..", "..", "src", "comm", "nccl_tuning", "nccl_vars.tsv")
+
+
+def generate(tmp_path, text):
+    table = tmp_path / "nccl_vars.tsv"
+    table.write_text(text)
+    return subprocess.run([sys.executable, GENERATOR, "--input", str(table),
+                           "--output", str(tmp_path / "out.cc")], capture_output=True, text=True)
+
+
+def test_the_variable_table_generator_names_each_bad_row_by_its_line(tmp_path):
+    """The build turns nccl_vars.tsv into C++; a malformed row must fail it
+    with the row's line number (the real table is line-numbered the same)."""
+    with open(TABLE) as f:
+        lines = f.read().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("name\t"))
+    ok = generate(tmp_path, "\n".join(lines) + "\n")
+    assert ok.returncode == 0, ok.stderr
+    rows = (tmp_path / "out.cc").read_text().count("// line ")
+    assert rows == len(lines) - header - 1
+    first = lines[header + 1].split("\t")  # NCCL_SOCKET_IFNAME, line header + 2
+
+    def with_first(**changes):
+        fields = list(first)
+        for column, value in changes.items():
+            fields[["name", "type", "range", "values", "case_sensitive", "default", "since",
+                    "removed", "deprecated", "replacement", "debug", "documented", "out_of_range",
+                    "meaning", "source"].index(column)] = value
+        return "\t".join(fields)
+
+    for bad, message in (
+            ("\t".join(first[:-1]), "14 tab-separated fields, expected 15"),
+            (with_first(type="float"), "type 'float' is not one of"),
+            (with_first(since="2.x"), "since '2.x' is not a version"),
+            (with_first(removed="2.3.5", since="2.5.6"), "removed 2.3.5 is not after since 2.5.6"),
+            (with_first(range="16..1"), "range '16..1' is empty"),
+            (with_first(documented="maybe"), "documented 'maybe' is not yes or no"),
+            (with_first(replacement="NCCL_NOT_A_ROW"), "replacement NCCL_NOT_A_ROW is not a row"),
+            (with_first(meaning=""), "meaning is empty")):
+        broken = lines[:header + 1] + [bad] + lines[header + 2:]
+        r = generate(tmp_path, "\n".join(broken) + "\n")
+        where = f"nccl_vars.tsv:{header + 2}: "
+        assert r.returncode != 0 and where in r.stderr and message in r.stderr, (message, r.stderr)
+    # A name listed twice: the second row is the bad one.
+    broken = lines[:header + 2] + [lines[header + 1]] + lines[header + 2:]
+    r = generate(tmp_path, "\n".join(broken) + "\n")
+    assert r.returncode != 0, r.stderr
+    assert f"nccl_vars.tsv:{header + 3}: {first[0]}: listed again (first on line {header + 2})" \
+        in r.stderr, r.stderr

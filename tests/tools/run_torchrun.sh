@@ -4,7 +4,7 @@
 # message instead of stalling CI.
 #
 #   run_torchrun.sh --np N [--timeout S] [--python PY] [--launcher-defaults] -- <torchrun program args>
-#   run_torchrun.sh --np 4 -- --no-python build/tests/multirank/comm_collectives_test
+#   run_torchrun.sh --np 4 -- --no-python build/tests/multirank/comm_conformance_test
 #   run_torchrun.sh --np 4 -- -m pytest -q tests/python/mr_comm.py
 #
 # Exports STRATA_TEST_NP=N and STRATA_TEST_BACKEND (default gloo) for the

@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark as one prepared run, for a machine with GPUs
-# (the device machine): the C++ GPU tests (NCCL backend, the tensor-parallel
-# kernels' CUDA path), the Python CUDA-tensor tests, the NCCL bus-bandwidth
-# benchmark against torch.distributed NCCL and the tensor-parallel GPU
-# benchmark against torch.matmul. Without a GPU every part skips or says
-# "no GPU".
+# Every GPU check of strata as one prepared run, for the device machine (one
+# GPU or more): builds what the checks need (with CUDA and NCCL), then runs,
+# each under its own time limit, the C++ and Python GPU tests with 1, 2, 4
+# and 8 NCCL ranks (several ranks on one GPU where the NCCL in use allows
+# it: >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1), the NCCL fault path with a
+# rank SIGKILLed inside an allreduce, the tensor-parallel layers on CUDA
+# against torch, the pipeline runner over NCCL, and the GPU benchmarks (NCCL
+# busbw and TP kernels against torch, checkpoint staging against cudaMemcpy)
+# and the CPU pipeline benchmark on the machine's quiet cores. One JSON
+# result per check in benchmarks/results/gpu_checks.json, a one-screen
+# summary at the end; the whole run fits in 8 minutes on one H200.
 #
-#   tools/dev/gpu_checks.sh [build-dir]      # default: build
+#   tools/dev/gpu_checks.sh [--build build] [--budget 480] [--only REGEX] [--out DIR]
+#   tools/dev/gpu_checks.sh --dry-run      # build, list each check and why it skips here
+#   tools/dev/gpu_checks.sh --pack         # here: fetch what a bare device machine lacks
 #
-# Exits non-zero if a test or a benchmark fails; the benchmarks write
-# benchmarks/results/{nccl_busbw,tp_gpu}.json and regenerate
-# benchmarks/RESULTS.md.
+# Without a GPU it is a dry run (exit 0 unless the build fails or a check
+# names a program that does not exist): `make test` runs it so
+# (gpu_checks_dry_run). The checks are a table in tools/dev/gpu_checks.py;
+# docs/development.md says how to run this on the device machine.
 set -euo pipefail
-BUILD=${1:-build}
-PYTHON=${PYTHON:-python3}
 cd "$(dirname "$0")/../.."
-nvidia-smi -L || echo "nvidia-smi: no GPU listed"
-cmake --build "$BUILD" --target nccl_gpu_test nccl_library_test nccl_watchdog_test \
-  tp_linear_cuda_test tp_gpu_bench _strata
-status=0
-ctest --test-dir "$BUILD" -R 'NcclGpu|NcclApiLoad|NcclRoot|LinearCudaTest|py_nccl$|py_checkpoint$' \
-  --output-on-failure --timeout 300 || status=1
-export PYTHONPATH="$PWD/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
-timeout 900 "$PYTHON" benchmarks/run_nccl_busbw.py --build "$BUILD" || status=1
-timeout 900 "$PYTHON" benchmarks/run_tp_gpu.py --build "$BUILD" || status=1
-exit $status
+PYTHON=${PYTHON:-python3}
+# The old form, `gpu_checks.sh <build-dir>`, still works.
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then
+  set -- --build "$@"
+fi
+exec "$PYTHON" tools/dev/gpu_checks.py "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Reproduces the introduced/removed columns of strata's NCCL variable table
-(src/comm/topology/nccl_vars_*.cc) from a checkout of github.com/NVIDIA/nccl.
+"""Reproduces the since/removed columns of strata's NCCL variable table
+(src/comm/nccl_tuning/nccl_vars.tsv) from a checkout of github.com/NVIDIA/nccl.
 
 For every release tag v2.X.Y-Z it lists the environment variables NCCL's
 source reads: NCCL_PARAM(name, "ENV", default), DEFINE_NCCL_PARAM (2.30+),

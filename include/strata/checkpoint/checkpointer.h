@@ -30,15 +30,25 @@
 // Multi-rank: every rank creates a Checkpointer and calls Save() with the
 // same step and its own shards. The checkpointer needs a communicator of its
 // own, so the writer's agreements cannot interleave with training's
-// collectives: set split_from (usually &world->root()) and Create() splits
-// one off (collectively) and owns it, or pass a dedicated one in comm.
+// collectives: set split_from to a group handle (usually
+// world->Handle("world")) and Create() splits one off (collectively) and
+// owns it, or pass a dedicated one in `group` (GroupHandle::Fixed).
 // Every Save() call, even one that fails on this rank, takes part in the
 // save's first agreement, so a rank that cannot save makes the others
 // abandon the save at once (with its reason) rather than wait for
 // commit_timeout.
 //
-//   opts.split_from = &world->root();     // all ranks; the World outlives ckpt
+//   opts.split_from = world->Handle("world").value();   // all ranks
 //   auto ckpt = strata::Checkpointer::Create(opts);
+//
+// World rebuilds: with split_from a World's handle, the checkpointer
+// follows the World (world.h, "Generations"). The first Save() or Abandon()
+// after a Rebuild -- collective over the new generation, as every Save is --
+// splits a new communicator off the rebuilt group and drops the old one; a
+// save of the old generation still in flight then is abandoned (its
+// communicator aborted) and reported as that save's failure, naming both
+// generations. A handle that cannot be followed (its World destroyed, a
+// pinned layout that changed) fails Save() with the handle's error.
 //
 // Thread-safety: thread-safe; Save, Wait, status and Close may be called
 // from any thread.
@@ -59,6 +69,7 @@
 #include "strata/checkpoint/sharded_tensor.h"
 #include "strata/checkpoint/state.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 
 namespace strata {
 
@@ -70,18 +81,24 @@ enum class FailurePolicy : uint8_t { kReturnError, kWarn };
 enum class IoPriority : uint8_t { kLow, kNormal };
 
 struct STRATA_EXPORT CheckpointOptions {
-  static constexpr int kVersion = 1;
+  // Version 2: `group` and `split_from` are group handles (version 1 had
+  // Communicator pointers `comm` and `split_from`).
+  static constexpr int kVersion = 2;
   int version = kVersion;
   // Root directory: holds step-<N>/ directories and the `latest` pointer.
   std::string directory;
   // The checkpoint's own communicator (not the training one, nor one used
-  // by anything else), borrowed: it must outlive the Checkpointer. Null
-  // (with split_from null) means a single process.
-  Communicator* comm = nullptr;
-  // Instead of comm: Create() splits a communicator named "checkpoint" with
-  // the same ranks off this one (collective over it, like any Split) and
-  // owns it. The parent must outlive the Checkpointer.
-  Communicator* split_from = nullptr;
+  // by anything else): GroupHandle::Fixed(comm), borrowed, so `comm` must
+  // outlive the Checkpointer. A World's group is refused (training uses
+  // it; set split_from to it instead). Empty (with split_from empty) means
+  // a single process.
+  GroupHandle group;
+  // Instead of group: Create() splits a communicator named "checkpoint"
+  // with the same ranks off this group's communicator (collective over it,
+  // like any Split) and owns it; a World's handle is followed across
+  // rebuilds (see the file comment). A fixed handle's communicator must
+  // outlive the Checkpointer.
+  GroupHandle split_from;
   // Committed checkpoints to keep (0 keeps all).
   int keep_last = 0;
   ChecksumAlgorithm checksum = ChecksumAlgorithm::kXxh3_128;
@@ -151,8 +168,9 @@ struct STRATA_EXPORT SaveStatus {
 class STRATA_EXPORT Checkpointer {
  public:
   // InvalidArgument for bad options (empty directory, chunk_bytes out of
-  // range, negative keep_last, both comm and split_from, ...); the split's
-  // error when split_from is set and the split fails.
+  // range, negative keep_last, both group and split_from, a World's group
+  // as `group`, ...); the handle's error when it cannot be resolved; the
+  // split's error when split_from is set and the split fails.
   static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(const CheckpointOptions& options);
   // Waits for a save in flight (up to commit_timeout), then stops the
   // writer; a save still running then is cancelled (it never commits).
@@ -164,11 +182,12 @@ class STRATA_EXPORT Checkpointer {
   // once the data is copied: the caller may then change or free it. Errors:
   // InvalidArgument (bad shards or state, duplicate keys), AlreadyExists
   // (step committed already), FailedPrecondition (closed, or busy under
-  // kRefuse), DeadlineExceeded (busy past busy_timeout), or the failure of
+  // kRefuse), DeadlineExceeded (busy past busy_timeout), the failure of
   // the previous background save under kReturnError (this save is then not
-  // started). With a communicator, a save that fails here still votes
-  // "failed" in the save's first agreement (in the background, after the
-  // save in flight), so the other ranks' save of this step fails promptly.
+  // started), or, with split_from, the handle's error when the group cannot
+  // be resolved and the split's error when following a rebuild fails. With a communicator, a save
+  // that fails here still votes "failed" in the save's first agreement (in the background, after
+  // the save in flight), so the other ranks' save of this step fails promptly.
   absl::Status Save(const SaveRequest& request);
   // For a rank that cannot even build its request for `step` (its trainer
   // failed to collect the state): with a communicator, votes "failed" with

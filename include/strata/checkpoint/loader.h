@@ -31,7 +31,7 @@
 //                          w.data()};
 //   auto report = (*reader)->Load({t});
 //
-// Multi-rank: with LoadOptions::comm, Open and Load are collective over it
+// Multi-rank: with LoadOptions::group, Open and Load are collective over it
 // (every rank calls them, in the same order, from one thread each). Rank 0
 // resolves `latest` and reads the manifest and sends it to the others (so
 // every rank loads the same step, even while a save commits a newer one,
@@ -43,7 +43,13 @@
 // prepended on the others). Each rank still reads only the bytes its own
 // targets need.
 //
-//   opts.comm = &world->root();   // nothing else may use it during the load
+//   opts.group = world->Handle("world").value();   // nothing else may use it during the load
+//
+// The group is resolved at each Open and Load: a reader opened before a
+// World rebuild loads over the group of the current generation; a handle
+// that cannot be followed (its World destroyed, a pinned layout that
+// changed) fails the call with the handle's error. A communicator without a
+// World: GroupHandle::Fixed(comm), which must outlive the reader.
 //
 // Thread-safety: a CheckpointReader is immutable after Open; without a
 // communicator Load may be called from several threads at once.
@@ -62,6 +68,7 @@
 #include "strata/checkpoint/manifest.h"
 #include "strata/checkpoint/sharded_tensor.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 
 namespace strata {
 
@@ -72,7 +79,8 @@ enum class ChecksumVerification : uint8_t { kVerify, kSkip };
 enum class KeyMatching : uint8_t { kStrict, kLenient };
 
 struct STRATA_EXPORT LoadOptions {
-  static constexpr int kVersion = 1;
+  // Version 2: `group` (a handle) replaced the Communicator pointer `comm`.
+  static constexpr int kVersion = 2;
   int version = kVersion;
   // Root directory (holding `latest` and step-<N>/).
   std::string directory;
@@ -84,12 +92,12 @@ struct STRATA_EXPORT LoadOptions {
   uint64_t read_buffer_bytes = uint64_t{64} << 20;
   // Needed ranges of a shard closer than this are read with one call.
   uint64_t merge_gap_bytes = uint64_t{256} << 10;
-  // Multi-rank load (borrowed; must outlive the reader): Open and Load are
-  // collective over it, strictness is global. No other thread may issue
+  // Multi-rank load: Open and Load are collective over the group (resolved
+  // at each call), strictness is global. No other thread may issue
   // collectives on it meanwhile (a World's root between training steps is
-  // fine; a checkpointer's own communicator is not). Null: this process
+  // fine; a checkpointer's own communicator is not). Empty: this process
   // alone.
-  Communicator* comm = nullptr;
+  GroupHandle group;
   // Deadline of each collective of Open and Load.
   absl::Duration timeout = absl::Minutes(10);
 };

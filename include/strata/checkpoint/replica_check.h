@@ -17,12 +17,15 @@
 //
 //   std::vector<uint64_t> d = strata::ContentDigests({{w, w_bytes}}, /*threads=*/4);
 //   strata::ReplicaGroup whole;
-//   whole.comm = tp_dp_cp;                        // the ranks holding the same whole tensors
+//   whole.group = world->Handle("tp-dp-cp").value();   // the ranks holding the same whole tensors
 //   whole.tensors = {{"model.norm.weight", strata::DataType::kFloat32, {1024}, d[0]}};
 //   strata::ReplicaCheckOptions o;
-//   o.all = world;                                // every rank of the save learns the verdict
+//   o.all = world->Handle("world").value();            // every rank of the save learns the verdict
 //   o.deadline = absl::Now() + absl::Minutes(5);
 //   STRATA_RETURN_IF_ERROR(strata::CheckReplicasMatch({whole}, o));
+//
+// The groups are handles (strata/parallel/group_handle.h), resolved at the
+// call: GroupHandle::Fixed(comm) for a communicator without a World.
 //
 // Thread-safety: free functions. CheckReplicasMatch is collective over the
 // communicators it is given (every rank passes its groups in the same order).
@@ -39,6 +42,7 @@
 #include "strata/base/dtype.h"
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 
 namespace strata {
 
@@ -63,21 +67,22 @@ struct STRATA_EXPORT ReplicaDigest {
   uint64_t content = 0;        // ContentDigests of its bytes
 };
 
-// The tensors this rank holds as replicas over `comm`: every rank of `comm`
-// should hold the same keys with the same dtypes, shapes and bytes. A null
-// `comm` or one of size 1 has nothing to compare.
+// The tensors this rank holds as replicas over `group`: every rank of it
+// should hold the same keys with the same dtypes, shapes and bytes. An empty
+// handle or a group of size 1 has nothing to compare.
 struct STRATA_EXPORT ReplicaGroup {
-  Communicator* comm = nullptr;
+  GroupHandle group;
   std::vector<ReplicaDigest> tensors;
 };
 
 struct STRATA_EXPORT ReplicaCheckOptions {
-  static constexpr int kVersion = 1;
+  // Version 2: `all` and ReplicaGroup::group are handles (were pointers).
+  static constexpr int kVersion = 2;
   int version = kVersion;
   // Every rank of the save: after the groups' checks, all agree on the
-  // verdict (one int32 min-allreduce; two broadcasts more on a failure). Null:
-  // each rank learns only its own groups' verdicts.
-  Communicator* all = nullptr;
+  // verdict (one int32 min-allreduce; two broadcasts more on a failure).
+  // Empty: each rank learns only its own groups' verdicts.
+  GroupHandle all;
   // Every collective of the check ends by then.
   absl::Time deadline = absl::InfiniteFuture();
   // Named in messages ("checkpoint step 5: ..."); negative: not named.

@@ -1,5 +1,6 @@
-// NCCL tuning profiles: a class for the machine, and what NCCL should be told
-// on such a machine, each value with a reason a user can read.
+// NCCL tuning profiles: what NCCL should be told on a machine of a given
+// class (Classify, strata/comm/topology.h), each value with a reason a user
+// can read.
 //
 // NCCL picks good settings by itself on most machines, so a production
 // profile sets as little as possible: only what detection knows and NCCL
@@ -24,7 +25,7 @@
 // profile's environment variables (unless the user opted out) and logs what
 // it set and why; every call returns the config fields for that communicator.
 //
-// Thread-safety: Classify, MakeNcclProfile and the exports are pure.
+// Thread-safety: MakeNcclProfile and the exports are pure.
 // PrepareNcclCommunicator is serialized by a process-wide mutex; its first
 // call sets environment variables (see its comment).
 #pragma once
@@ -42,47 +43,6 @@
 #include "strata/comm/topology.h"
 
 namespace strata {
-
-enum class TopologyClass : uint8_t {
-  kSingleNodeNvSwitch,   // one node, every GPU pair on NVLink through NVSwitch
-  kNvLinkPartial,        // one node, NVLink only within groups (bridged pairs)
-  kPcieOnly,             // one node, GPUs talk over PCIe only
-  kMultiNodeInfiniBand,  // nodes joined by InfiniBand
-  kMultiNodeRoce,        // nodes joined by RDMA over Converged Ethernet
-  kAwsEfa,               // nodes joined by AWS Elastic Fabric Adapter
-  kTcpOnly,              // no RDMA network, and at most one GPU per node
-};
-
-// "single-node-nvswitch", "nvlink-partial", "pcie-only",
-// "multi-node-infiniband", "multi-node-roce", "aws-efa", "tcp-only".
-STRATA_EXPORT const char* TopologyClassName(TopologyClass cls);
-// One sentence for the report.
-STRATA_EXPORT const char* TopologyClassDescription(TopologyClass cls);
-
-// Whether the job spans nodes. kAuto takes a machine with an active RDMA
-// adapter as part of a multi-node job (that is what the adapter is for) and
-// any other as a single node.
-enum class JobScope : uint8_t { kAuto, kSingleNode, kMultiNode };
-
-struct STRATA_EXPORT ClassifyOptions {
-  static constexpr int kVersion = 1;
-  int version = kVersion;
-  JobScope scope = JobScope::kAuto;
-};
-
-struct STRATA_EXPORT Classification {
-  TopologyClass cls = TopologyClass::kTcpOnly;
-  // Inside a node: "nvswitch", "nvlink-partial", "pcie", "single-gpu", "no-gpu".
-  std::string intra_node;
-  // Between nodes: "infiniband", "roce", "efa", "tcp".
-  std::string network;
-  // Why this class, naming what was seen: "8 GPUs, all pairs NV18; 8 active
-  // InfiniBand ports".
-  std::string reason;
-};
-
-STRATA_EXPORT Classification Classify(const Topology& topology,
-                                      const ClassifyOptions& options = {});
 
 // The settable fields of ncclConfig_t; unset fields keep NCCL's default.
 struct STRATA_EXPORT NcclConfigFields {

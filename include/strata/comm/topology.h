@@ -18,10 +18,12 @@
 //   std::printf("%s", strata::RenderMatrix(*topo).c_str());
 //
 // Device-pair links use the symbols `nvidia-smi topo -m` prints (X, NV#, PIX,
-// PXB, PHB, NODE, SYS); PathLegend() explains each one.
+// PXB, PHB, NODE, SYS); PathLegend() explains each one. Classify() names the
+// kind of machine (single-node NVSwitch, multi-node InfiniBand, ...), which
+// strata/comm/nccl_profile.h turns into NCCL settings.
 //
 // Thread-safety: Topology is a plain value. DetectTopology reads files and
-// may load NVML; it is safe to call from several threads.
+// may load NVML; it is safe to call from several threads. Classify is pure.
 #pragma once
 
 #include <cstdint>
@@ -172,5 +174,51 @@ STRATA_EXPORT absl::StatusOr<std::string> ReadTextFile(const std::string& path);
 // The device matrix as `nvidia-smi topo -m` lays it out, followed by the
 // legend in strata's words and the NIC list with NUMA nodes.
 STRATA_EXPORT std::string RenderMatrix(const Topology& topology);
+
+// ---- the class of a machine -----------------------------------------------
+//
+// What kind of machine a Topology describes, in the terms NCCL tuning cares
+// about (strata/comm/nccl_profile.h turns a class into settings).
+
+enum class TopologyClass : uint8_t {
+  kSingleNodeNvSwitch,   // one node, every GPU pair on NVLink through NVSwitch
+  kNvLinkPartial,        // one node, NVLink only within groups (bridged pairs)
+  kPcieOnly,             // one node, GPUs talk over PCIe only
+  kMultiNodeInfiniBand,  // nodes joined by InfiniBand
+  kMultiNodeRoce,        // nodes joined by RDMA over Converged Ethernet
+  kAwsEfa,               // nodes joined by AWS Elastic Fabric Adapter
+  kTcpOnly,              // no RDMA network, and at most one GPU per node
+};
+
+// "single-node-nvswitch", "nvlink-partial", "pcie-only",
+// "multi-node-infiniband", "multi-node-roce", "aws-efa", "tcp-only".
+STRATA_EXPORT const char* TopologyClassName(TopologyClass cls);
+// One sentence for the report.
+STRATA_EXPORT const char* TopologyClassDescription(TopologyClass cls);
+
+// Whether the job spans nodes. kAuto takes a machine with an active RDMA
+// adapter as part of a multi-node job (that is what the adapter is for) and
+// any other as a single node.
+enum class JobScope : uint8_t { kAuto, kSingleNode, kMultiNode };
+
+struct STRATA_EXPORT ClassifyOptions {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  JobScope scope = JobScope::kAuto;
+};
+
+struct STRATA_EXPORT Classification {
+  TopologyClass cls = TopologyClass::kTcpOnly;
+  // Inside a node: "nvswitch", "nvlink-partial", "pcie", "single-gpu", "no-gpu".
+  std::string intra_node;
+  // Between nodes: "infiniband", "roce", "efa", "tcp".
+  std::string network;
+  // Why this class, naming what was seen: "8 GPUs, all pairs NV18; 8 active
+  // InfiniBand ports".
+  std::string reason;
+};
+
+STRATA_EXPORT Classification Classify(const Topology& topology,
+                                      const ClassifyOptions& options = {});
 
 }  // namespace strata

@@ -83,6 +83,11 @@ class STRATA_EXPORT GroupHandle {
   // under a pinned handle; a creation's error when the group had to be
   // created (see world.h).
   absl::StatusOr<Communicator*> Resolve() const;
+  // Resolve, also giving the World generation the communicator belongs to
+  // (1 for a fixed handle): for a holder that derives state from the
+  // communicator (a communicator split off it) and must redo that when the
+  // generation changes.
+  absl::StatusOr<Communicator*> Resolve(uint64_t* generation) const;
 
   // A copy that refuses layout changes (LayoutChange::kRefuse): resolves
   // the group now and records this rank's rank, the group's size and the

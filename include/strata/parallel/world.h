@@ -63,10 +63,9 @@
 // group is collective: at most one creation runs at a time per process (a
 // second thread's creation waits for the first), every rank must create
 // the same groups in the same order, and no other thread may run
-// collectives on the root ("world") meanwhile, since the creation does. Rebuild, and destroying the World, must
-// not run while other threads use communicators they resolved; AbortAll()
-// is how another thread stops them first. The communicators follow
-// Communicator's rules.
+// collectives on the root ("world") meanwhile, since the creation does. Rebuild, and destroying the
+// World, must not run while other threads use communicators they resolved; AbortAll() is how
+// another thread stops them first. The communicators follow Communicator's rules.
 #pragma once
 
 #include <cstdint>

@@ -22,7 +22,7 @@
 //   ...
 //   strata::LoadOptions lo;
 //   lo.directory = "/ckpt/run1";
-//   lo.comm = &world->root();                // collective; null: one process
+//   lo.group = world->Handle("world").value();   // collective; empty: one process
 //   auto report = strata::nn::LoadModuleState(lo, st);
 //
 // Loading is strict by default (every tensor of the module and optimizer
@@ -120,7 +120,7 @@ STRATA_EXPORT absl::Status SaveModuleStateSync(const CheckpointOptions& options,
 // module and optimizer of `state`, in place, each rank reading the boxes of
 // its current layout. Optimizer states a parameter does not have yet (no
 // step taken) are created when the checkpoint has them. Collective over
-// options.comm when set. Errors: those of CheckpointReader::Open and Load,
+// options.group when set. Errors: those of CheckpointReader::Open and Load,
 // and those of BuildModuleSaveRequest.
 STRATA_EXPORT absl::StatusOr<LoadReport> LoadModuleState(const LoadOptions& options,
                                                          const ModuleState& state);

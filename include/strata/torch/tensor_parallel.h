@@ -7,11 +7,11 @@
 //
 // The modules hold their parameters as torch tensors and run the strata
 // kernels (strata/parallel/tensor_parallel/) on them through autograd
-// functions, zero-copy; the communication goes through the strata
-// Communicator given at construction (e.g. World::Group("tp")), which must
-// outlive the module.
+// functions, zero-copy; the communication goes through the group handle
+// given at construction (strata/parallel/group_handle.h), resolved at each
+// forward and backward:
 //
-//   strata::Communicator& tp = *world->Group("tp").value();
+//   strata::GroupHandle tp = world->Handle("tp").value();
 //   strata::nn::ParallelMLP mlp(strata::nn::ParallelMLPOptions{512, 2048}, tp);
 //   torch::optim::SGD opt(mlp->parameters(), 0.1);
 //   torch::Tensor y = mlp->forward(x);       // x: [tokens, 512], replicated over tp
@@ -25,6 +25,14 @@
 //
 // Errors: as torch's own modules do, these throw c10::Error (the message of
 // the strata Status: invalid options, wrong shapes, a failed collective).
+//
+// World rebuilds: a module's parameters are shards for this rank's rank and
+// the group's size, so its handle is pinned at construction. A rebuild that
+// keeps them (other data-parallel replicas left) is followed: the next
+// forward uses the new generation's group. One that changes them makes
+// forward/backward throw the handle's error, naming both generations and
+// layouts: build the model again and load its checkpoint. A communicator
+// without a World: GroupHandle::Fixed(&comm), which must outlive the module.
 //
 // Lifetime: the autograd graph refers to the module's kernel, so a module
 // must outlive the backward pass of the outputs it produced.
@@ -42,6 +50,7 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 #include "strata/parallel/tensor_parallel/embedding.h"
 #include "strata/parallel/tensor_parallel/linear.h"
 
@@ -80,7 +89,7 @@ class STRATA_EXPORT ShardedParameters {
 class STRATA_EXPORT ColumnParallelLinearImpl : public ::torch::nn::Module,
                                                public ShardedParameters {
  public:
-  ColumnParallelLinearImpl(const LinearOptions& options, Communicator& group,
+  ColumnParallelLinearImpl(const LinearOptions& options, const GroupHandle& group,
                            const InitOptions& init = {});
   ::torch::Tensor forward(const ::torch::Tensor& input);
 
@@ -98,7 +107,7 @@ TORCH_MODULE(ColumnParallelLinear);
 // RowParallelLinear (see linear.h): weight [out, in/tp], bias [out].
 class STRATA_EXPORT RowParallelLinearImpl : public ::torch::nn::Module, public ShardedParameters {
  public:
-  RowParallelLinearImpl(const LinearOptions& options, Communicator& group,
+  RowParallelLinearImpl(const LinearOptions& options, const GroupHandle& group,
                         const InitOptions& init = {});
   ::torch::Tensor forward(const ::torch::Tensor& input);
 
@@ -126,7 +135,7 @@ struct ParallelMLPOptions {
 // (all-gather / reduce-scatter under sequence parallelism).
 class STRATA_EXPORT ParallelMLPImpl : public ::torch::nn::Module {
  public:
-  ParallelMLPImpl(const ParallelMLPOptions& options, Communicator& group,
+  ParallelMLPImpl(const ParallelMLPOptions& options, const GroupHandle& group,
                   const InitOptions& init = {});
   ::torch::Tensor forward(const ::torch::Tensor& input);
 
@@ -142,7 +151,7 @@ TORCH_MODULE(ParallelMLP);
 class STRATA_EXPORT VocabParallelEmbeddingImpl : public ::torch::nn::Module,
                                                  public ShardedParameters {
  public:
-  VocabParallelEmbeddingImpl(const EmbeddingOptions& options, Communicator& group,
+  VocabParallelEmbeddingImpl(const EmbeddingOptions& options, const GroupHandle& group,
                              const InitOptions& init = {});
   ::torch::Tensor forward(const ::torch::Tensor& ids);
 
@@ -161,7 +170,7 @@ TORCH_MODULE(VocabParallelEmbedding);
 // per-token loss [...] in fp32 (reduction "none", as the kernel).
 class STRATA_EXPORT VocabParallelCrossEntropyLossImpl : public ::torch::nn::Module {
  public:
-  VocabParallelCrossEntropyLossImpl(const CrossEntropyOptions& options, Communicator& group);
+  VocabParallelCrossEntropyLossImpl(const CrossEntropyOptions& options, const GroupHandle& group);
   ::torch::Tensor forward(const ::torch::Tensor& logits, const ::torch::Tensor& target);
 
  private:

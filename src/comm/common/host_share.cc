@@ -79,7 +79,6 @@ void KeepTightest(std::optional<double>& best, std::optional<double> q) {
 }  // namespace
 
 bool HostShare::oversubscribed() const {
-  if (forced) return *forced;
   return local_ranks > 0 && cores > 0 && local_ranks > cores;
 }
 
@@ -87,7 +86,6 @@ std::string HostShare::Describe() const {
   std::string ranks =
       local_ranks > 0 ? absl::StrCat(local_ranks, " ranks on this host") : "ranks per host unknown";
   std::string verdict = oversubscribed() ? "oversubscribed" : "not oversubscribed";
-  if (forced) absl::StrAppend(&verdict, " (STRATA_OVERSUBSCRIBED=", *forced ? 1 : 0, ")");
   return absl::StrCat(ranks, ", ", cores, " cores (", cores_from, "): ", verdict);
 }
 
@@ -147,16 +145,6 @@ HostShare ComputeHostShare(const std::function<const char*(const char*)>& getenv
     }
   }
   if (share.local_ranks == 0) share.local_ranks = PositiveInt(getenv("LOCAL_WORLD_SIZE"));
-  if (const char* force = getenv("STRATA_OVERSUBSCRIBED"); force != nullptr) {
-    const absl::string_view f = force;
-    if (f == "1") {
-      share.forced = true;
-    } else if (f == "0") {
-      share.forced = false;
-    } else {
-      share.invalid_force = std::string(f);
-    }
-  }
   return share;
 }
 

@@ -11,8 +11,8 @@
 // rounded up). The local ranks come from the launcher: Open MPI's
 // OMPI_COMM_WORLD_LOCAL_SIZE, else Slurm's SLURM_STEP_TASKS_PER_NODE (for
 // this node, SLURM_NODEID, read by strata::SlurmTasksOnNode), else torchrun's
-// LOCAL_WORLD_SIZE.
-// STRATA_OVERSUBSCRIBED=1 or 0 overrides the answer.
+// LOCAL_WORLD_SIZE. (STRATA_OVERSUBSCRIBED, which overrides the answer, is a
+// setting: CreateRootCommunicator puts it into MpiOptions::oversubscribed.)
 //
 // Thread-safety: the functions are thread-safe (they read files and the
 // environment).
@@ -29,9 +29,7 @@ namespace strata::comm_internal {
 struct HostShare {
   int local_ranks = 0;  // 0: unknown
   int cores = 0;
-  std::string cores_from;      // "online CPUs", "CPU affinity", "cgroup quota ..."
-  std::optional<bool> forced;  // STRATA_OVERSUBSCRIBED, when set
-  std::string invalid_force;   // STRATA_OVERSUBSCRIBED when neither 1 nor 0
+  std::string cores_from;  // "online CPUs", "CPU affinity", "cgroup quota ..."
   // Why the launcher's description of this host could not be read (a
   // malformed SLURM_STEP_TASKS_PER_NODE, say); empty when it could.
   std::string invalid_env;

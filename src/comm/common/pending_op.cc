@@ -13,6 +13,8 @@ bool PendingOp::Complete(const absl::Status& status) {
     if (done_) return false;
     done_ = true;
     status_ = status;
+    // Under the lock: whoever sees the operation done sees it recorded.
+    if (trace_ != nullptr) trace_->Completed(status);
   }
   cv_.notify_all();
   return true;

@@ -19,19 +19,26 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "strata/comm/communicator.h"
+#include "strata/observe/op_record.h"
 
 namespace strata::comm_internal {
 
 class PendingOp {
  public:
   // `deadline`: when the operation's own timeout passes (the backend fails
-  // it then).
-  PendingOp(std::string description, absl::Time deadline)
-      : description_(std::move(description)), deadline_(deadline) {}
+  // it then). `trace` (optional): the operation's record, told when it
+  // starts and completes.
+  PendingOp(std::string description, absl::Time deadline,
+            std::shared_ptr<observe::OpTrace> trace = nullptr)
+      : description_(std::move(description)), deadline_(deadline), trace_(std::move(trace)) {}
 
   const std::string& description() const { return description_; }
   absl::Time deadline() const { return deadline_; }
 
+  // The backend has started the operation (for its record).
+  void Started() {
+    if (trace_ != nullptr) trace_->Started();
+  }
   // Marks the operation done with `status`; the first call wins. Returns
   // whether this call completed it.
   bool Complete(const absl::Status& status);
@@ -43,6 +50,7 @@ class PendingOp {
  private:
   const std::string description_;
   const absl::Time deadline_;
+  const std::shared_ptr<observe::OpTrace> trace_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

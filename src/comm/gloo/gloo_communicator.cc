@@ -18,8 +18,6 @@
 namespace strata::gloo {
 namespace {
 
-using comm_internal::DescribeOp;
-
 // Slots of user point-to-point messages (messages on one slot between two
 // ranks match in the order they were posted): each message's first part,
 // and its rest in chunks on a slot of the message's own, numbered by the
@@ -224,33 +222,22 @@ absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view descripti
                       absl::StrCat(description, ": ", e.message));
 }
 
-const comm_internal::Capabilities& GlooCapabilities() {
-  static const comm_internal::Capabilities caps{&CanMove, &CanReduce};
+const CommCapabilities& GlooCapabilities() {
+  static const CommCapabilities caps{&CanMove, &CanReduce};
   return caps;
 }
 
-comm_internal::GroupInfo GlooCommunicator::info() const {
-  return comm_internal::GroupInfo{name_, rank(), size(), world_rank()};
-}
-
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
-    Kind kind, const std::string& what, const OpOptions& options, RunFn run,
+    Kind kind, const ResolvedOptions& options, RunFn run,
     std::function<absl::Status(absl::Time)> finish, std::function<void()> interrupt,
     std::function<void()> suspend) {
-  if (options.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " on ", health_.where(), ": timeout ",
-                                                   absl::FormatDuration(options.timeout),
-                                                   " is negative"));
-  }
-  const absl::Duration timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
   std::lock_guard<std::mutex> lock(issue_mu_);
-  const std::string description = absl::StrCat(what, " on ", health_.where());
-  STRATA_RETURN_IF_ERROR(health_.CheckUsable(description));
+  STRATA_RETURN_IF_ERROR(health_.CheckUsable(options.description));
   auto op = std::make_shared<QueuedOp>();
-  op->pending = std::make_shared<comm_internal::PendingOp>(description, absl::Now() + timeout);
+  op->pending = std::make_shared<comm_internal::PendingOp>(options.description, options.deadline,
+                                                           options.trace);
   const uint32_t tag = kind == Kind::kCollective ? next_tag_++ : 0;
-  const std::string limit = absl::FormatDuration(timeout);
+  const std::string limit = absl::FormatDuration(options.timeout);
   // A Gloo timeout is the operation's own timeout: say which it was.
   auto name_timeout = [limit](absl::Status s) {
     if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
@@ -273,52 +260,41 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Start(
   return queue_->Submit(std::move(op), /*inline_ok=*/kind == Kind::kPointToPoint);
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllReduce(ConstBuffer send, Buffer recv,
-                                                                  ReduceOp op,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateAllReduce(info(), send, recv, op, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoAllReduce(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
   const int n = size();
-  return Start(Kind::kCollective, DescribeOp("allreduce", ReduceOpName(op), recv), options,
-               [this, send, recv, op, n](const Step& step) {
-                 if (recv.count == 0) return absl::OkStatus();
-                 if (send.data != recv.data) {
-                   std::memcpy(recv.data, send.data, Bytes(recv.count, recv.dtype));
-                 }
-                 STRATA_RETURN_IF_ERROR(FromPlugin(
-                     context_->AllReduce(recv.data, recv.count, DataTypeSize(recv.dtype),
-                                         ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
-                     step.description));
-                 if (op == ReduceOp::kAvg) {
-                   comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
-                 }
-                 return absl::OkStatus();
-               });
+  return Start(Kind::kCollective, options, [this, send, recv, op, n](const Step& step) {
+    if (recv.count == 0) return absl::OkStatus();
+    if (send.data != recv.data) {
+      std::memcpy(recv.data, send.data, Bytes(recv.count, recv.dtype));
+    }
+    STRATA_RETURN_IF_ERROR(
+        FromPlugin(context_->AllReduce(recv.data, recv.count, DataTypeSize(recv.dtype),
+                                       ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
+                   step.description));
+    if (op == ReduceOp::kAvg) {
+      comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
+    }
+    return absl::OkStatus();
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Broadcast(Buffer buffer, int root,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateBroadcast(info(), buffer, root, GlooCapabilities()));
-  return Start(Kind::kCollective, DescribeOp("broadcast", absl::StrCat("root ", root), buffer),
-               options, [this, buffer, root](const Step& step) {
-                 if (buffer.count == 0) return absl::OkStatus();
-                 return FromPlugin(
-                     context_->Broadcast(buffer.data, Bytes(buffer.count, buffer.dtype), root,
-                                         step.tag, step.timeout_ms),
-                     step.description);
-               });
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoBroadcast(
+    Buffer buffer, int root, const ResolvedOptions& options) {
+  return Start(Kind::kCollective, options, [this, buffer, root](const Step& step) {
+    if (buffer.count == 0) return absl::OkStatus();
+    return FromPlugin(context_->Broadcast(buffer.data, Bytes(buffer.count, buffer.dtype), root,
+                                          step.tag, step.timeout_ms),
+                      step.description);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Reduce(ConstBuffer send, Buffer recv,
-                                                               ReduceOp op, int root,
-                                                               const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateReduce(info(), send, recv, op, root, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoReduce(ConstBuffer send, Buffer recv,
+                                                                 ReduceOp op, int root,
+                                                                 const ResolvedOptions& options) {
   const int n = size();
   const bool is_root = rank() == root;
-  return Start(Kind::kCollective,
-               DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send), options,
+  return Start(Kind::kCollective, options,
                [this, send, recv, op, root, n, is_root](const Step& step) {
                  if (send.count == 0) return absl::OkStatus();
                  // Off the root, `recv` is ignored (the plugin uses scratch).
@@ -334,74 +310,60 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Reduce(ConstBuffer send,
                });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllGather(ConstBuffer send, Buffer recv,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(info(), send, recv, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoAllGather(
+    ConstBuffer send, Buffer recv, const ResolvedOptions& options) {
   const size_t block = Bytes(send.count, send.dtype);
   const bool in_place =
       send.data != nullptr && send.data == static_cast<char*>(recv.data) + block * rank();
-  return Start(Kind::kCollective, DescribeOp("allgather", "", send), options,
-               [this, send, recv, block, in_place](const Step& step) {
-                 if (block == 0) return absl::OkStatus();
-                 return FromPlugin(context_->AllGather(in_place ? nullptr : send.data, recv.data,
-                                                       block, step.tag, step.timeout_ms),
-                                   step.description);
-               });
+  return Start(Kind::kCollective, options, [this, send, recv, block, in_place](const Step& step) {
+    if (block == 0) return absl::OkStatus();
+    return FromPlugin(context_->AllGather(in_place ? nullptr : send.data, recv.data, block,
+                                          step.tag, step.timeout_ms),
+                      step.description);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::ReduceScatter(ConstBuffer send, Buffer recv,
-                                                                      ReduceOp op,
-                                                                      const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateReduceScatter(info(), send, recv, op, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoReduceScatter(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
   const int n = size();
-  return Start(
-      Kind::kCollective, DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
-      [this, send, recv, op, n](const Step& step) {
-        if (recv.count == 0) return absl::OkStatus();
-        STRATA_RETURN_IF_ERROR(FromPlugin(
-            context_->ReduceScatter(send.data, recv.data, recv.count, DataTypeSize(recv.dtype),
-                                    ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
-            step.description));
-        if (op == ReduceOp::kAvg) {
-          comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
-        }
-        return absl::OkStatus();
-      });
+  return Start(Kind::kCollective, options, [this, send, recv, op, n](const Step& step) {
+    if (recv.count == 0) return absl::OkStatus();
+    STRATA_RETURN_IF_ERROR(FromPlugin(
+        context_->ReduceScatter(send.data, recv.data, recv.count, DataTypeSize(recv.dtype),
+                                ReduceFnFor(recv.dtype, op), step.tag, step.timeout_ms),
+        step.description));
+    if (op == ReduceOp::kAvg) {
+      comm_internal::DivideInPlace(recv.dtype, recv.data, recv.count, n);
+    }
+    return absl::OkStatus();
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAll(ConstBuffer send, Buffer recv,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(info(), send, recv, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoAllToAll(ConstBuffer send, Buffer recv,
+                                                                   const ResolvedOptions& options) {
   const size_t bytes = Bytes(send.count, send.dtype);
   const size_t block = bytes / static_cast<size_t>(size());
-  return Start(Kind::kCollective, DescribeOp("all_to_all", "", send), options,
-               [this, send, recv, bytes, block](const Step& step) {
-                 if (block == 0) return absl::OkStatus();
-                 // In place: Gloo needs distinct buffers; send from a copy.
-                 std::vector<char> staged;
-                 const void* source = send.data;
-                 if (send.data == recv.data) {
-                   staged.assign(static_cast<const char*>(send.data),
-                                 static_cast<const char*>(send.data) + bytes);
-                   source = staged.data();
-                 }
-                 return FromPlugin(
-                     context_->AllToAll(source, recv.data, block, step.tag, step.timeout_ms),
-                     step.description);
-               });
+  return Start(Kind::kCollective, options, [this, send, recv, bytes, block](const Step& step) {
+    if (block == 0) return absl::OkStatus();
+    // In place: Gloo needs distinct buffers; send from a copy.
+    std::vector<char> staged;
+    const void* source = send.data;
+    if (send.data == recv.data) {
+      staged.assign(static_cast<const char*>(send.data),
+                    static_cast<const char*>(send.data) + bytes);
+      source = staged.data();
+    }
+    return FromPlugin(context_->AllToAll(source, recv.data, block, step.tag, step.timeout_ms),
+                      step.description);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
-                                                                  const AllToAllCounts& counts,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateAllToAllV(info(), send, recv, counts, GlooCapabilities()));
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoAllToAllV(
+    ConstBuffer send, Buffer recv, const AllToAllCounts& counts, const ResolvedOptions& options) {
   std::vector<int64_t> send_counts(counts.send_counts.begin(), counts.send_counts.end());
   std::vector<int64_t> recv_counts(counts.recv_counts.begin(), counts.recv_counts.end());
   return Start(
-      Kind::kCollective, DescribeOp("all_to_all_v", "", send), options,
-      [this, send, recv, send_counts, recv_counts](const Step& step) {
+      Kind::kCollective, options, [this, send, recv, send_counts, recv_counts](const Step& step) {
         std::vector<char> staged;
         const void* source = send.data;
         if (send.data == recv.data && send.count != 0) {
@@ -416,8 +378,8 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::AllToAllV(ConstBuffer se
       });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions& options) {
-  return Start(Kind::kCollective, DescribeOp("barrier", ""), options, [this](const Step& step) {
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoBarrier(const ResolvedOptions& options) {
+  return Start(Kind::kCollective, options, [this](const Step& step) {
     return FromPlugin(context_->Barrier(step.tag, step.timeout_ms), step.description);
   });
 }
@@ -431,20 +393,20 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Barrier(const OpOptions&
 // both counts. When the message is shorter, receives of chunks that never
 // come stay posted on that message's slot, which no later message uses
 // (until the count of messages between the two ranks wraps at kChunkSlots).
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer, int peer,
-                                                             const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidatePeer(info(), "send", buffer, peer, GlooCapabilities()));
-  if (host_copy()) return HostSend(buffer, peer, options);
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoSend(ConstBuffer buffer, int peer,
+                                                               const ResolvedOptions& options) {
+  if (host_copy()) {
+    return StartHost(true, Buffer{const_cast<void*>(buffer.data), buffer.count, buffer.dtype}, peer,
+                     options);
+  }
   auto t = std::make_shared<Transfer>();
   const uint64_t bytes = Bytes(buffer.count, buffer.dtype);
   const size_t inline_bytes = std::min<size_t>(bytes, kInline);
   t->first.reset(new char[kHeader + inline_bytes]);
   std::memcpy(t->first.get(), &bytes, kHeader);
   if (inline_bytes > 0) std::memcpy(t->first.get() + kHeader, buffer.data, inline_bytes);
-  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
   auto result = Start(
-      Kind::kPointToPoint, what, options,
+      Kind::kPointToPoint, options,
       [this, t, buffer, peer, bytes, inline_bytes](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
         const uint32_t slot = kChunkSlotBase + sent_to_[peer]++ % kChunkSlots;
@@ -462,7 +424,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
         }
         return absl::OkStatus();
       },
-      [this, t, what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+      [this, t, what = options.description](absl::Time deadline) {
         // The transfers go out in the order they were posted: waiting for
         // the last one first saves a wake-up per transfer.
         const size_t n = t->chunk_ops.size();
@@ -483,18 +445,15 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Send(ConstBuffer buffer,
   return result;
 }
 
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int peer,
-                                                             const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidatePeer(info(), "recv", buffer, peer, GlooCapabilities()));
-  if (host_copy()) return HostRecv(buffer, peer, options);
+absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::DoRecv(Buffer buffer, int peer,
+                                                               const ResolvedOptions& options) {
+  if (host_copy()) return StartHost(false, buffer, peer, options);
   auto t = std::make_shared<Transfer>();
   t->first.reset(new char[kHeader + kInline]);
-  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
   const size_t capacity = Bytes(buffer.count, buffer.dtype);
   const size_t expected_chunks = Chunks(capacity);
   return Start(
-      Kind::kPointToPoint, what, options,
+      Kind::kPointToPoint, options,
       [this, t, buffer, peer, capacity, expected_chunks](const Step& step) {
         std::lock_guard<std::mutex> lock(t->mu);
         t->chunk_slot = kChunkSlotBase + received_from_[peer]++ % kChunkSlots;
@@ -517,7 +476,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
         return absl::OkStatus();
       },
       [this, t, buffer, peer, capacity, expected_chunks,
-       what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) -> absl::Status {
+       what = options.description](absl::Time deadline) -> absl::Status {
         absl::Status s;
         if (t->waited == 0) s = t->AwaitNext(t->first_op.get(), deadline, what);
         if (IsSuspended(s)) return s;
@@ -570,25 +529,13 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::Recv(Buffer buffer, int 
 // Ranks of one host: each message is one HostTransfer, copied once between
 // the two buffers by whichever rank finishes it first (gloo_plugin's
 // host_p2p.h); nothing is staged or chunked.
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostSend(ConstBuffer buffer, int peer,
-                                                                 const OpOptions& options) {
-  return StartHost(true, Buffer{const_cast<void*>(buffer.data), buffer.count, buffer.dtype}, peer,
-                   DescribeOp("send", absl::StrCat("peer ", peer), buffer), options);
-}
-
-absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::HostRecv(Buffer buffer, int peer,
-                                                                 const OpOptions& options) {
-  return StartHost(false, buffer, peer, DescribeOp("recv", absl::StrCat("peer ", peer), buffer),
-                   options);
-}
-
 absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartHost(bool send, Buffer buffer,
-                                                                  int peer, const std::string& what,
-                                                                  const OpOptions& options) {
+                                                                  int peer,
+                                                                  const ResolvedOptions& options) {
   auto t = std::make_shared<HostOp>();
   const size_t bytes = Bytes(buffer.count, buffer.dtype);
   return Start(
-      Kind::kPointToPoint, what, options,
+      Kind::kPointToPoint, options,
       [this, t, send, buffer, bytes, peer](const Step& step) {
         std::unique_ptr<gloo_plugin::HostTransfer> m;
         void* data = NonNull(buffer.data);
@@ -599,8 +546,7 @@ absl::StatusOr<std::unique_ptr<Work>> GlooCommunicator::StartHost(bool send, Buf
         t->Adopt(std::move(m));
         return absl::OkStatus();
       },
-      [t, send, buffer, bytes,
-       what = absl::StrCat(what, " on ", health_.where())](absl::Time deadline) {
+      [t, send, buffer, bytes, what = options.description](absl::Time deadline) {
         STRATA_RETURN_IF_ERROR(t->Await(deadline, what));
         const uint64_t incoming = t->message->sent_bytes();
         if (send || incoming == bytes) return absl::OkStatus();

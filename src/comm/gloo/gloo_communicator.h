@@ -12,7 +12,8 @@
 //            the same keys), then the ranks connect through the store.
 //   Split    an allgather of (color, key) on the parent, then a new context
 //            among the ranks of each color, through the store.
-//   Shrink   the survivors only: each publishes a hash of its survivor list
+//   Shrink   the survivors only (Communicator keeps the excluded ranks
+//            out and works out the survivors): each publishes a hash of its survivor list
 //            and checks its neighbour's (different lists are an
 //            InvalidArgument), then a new context among them through the
 //            store. Works after failures and on a revoked communicator:
@@ -39,7 +40,6 @@
 #include "comm/gloo/gloo_loader.h"
 #include "comm/gloo/gloo_queue.h"
 #include "comm/gloo/plugin_api.h"
-#include "comm/validate.h"
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/store.h"
@@ -57,7 +57,8 @@ struct GlooRuntime {
 class GlooCommunicator final : public Communicator {
  public:
   // Collective over every rank of the job: connects a root communicator of
-  // `size` ranks through `store`.
+  // `size` ranks through `store`. options.comm has been checked
+  // (CreateRootCommunicator).
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> CreateRoot(const RootOptions& options,
                                                                       std::shared_ptr<Store> store,
                                                                       int rank, int size);
@@ -67,49 +68,47 @@ class GlooCommunicator final : public Communicator {
                    std::string uid);
   ~GlooCommunicator() override;
 
-  int rank() const override { return context_->rank(); }
-  int size() const override { return context_->size(); }
-  const std::string& name() const override { return name_; }
-  int world_rank() const override { return runtime_->world_rank; }
   absl::string_view backend() const override { return "gloo"; }
   std::string transport() const override { return host_copy() ? "gloo, host copies" : "gloo, tcp"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
   bool progresses_independently() const override { return true; }
-
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer send, Buffer recv, ReduceOp op, int root,
-                                               const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                      const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer send, Buffer recv,
-                                                 const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer send, Buffer recv,
-                                                  const AllToAllCounts& counts,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
-                                             const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
-                                             const OpOptions& options) override;
-
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const CommOptions& options) override;
-  absl::Status Abort() override;
-  absl::Status Revoke() override;
-  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
-                                                       const CommOptions& options) override;
-  absl::Status AsyncError() override;
 
   // The plugin in use (for reports and tests).
   const GlooPlugin& plugin() const { return *runtime_->plugin; }
   // True when the ranks share this host and collectives copy directly
   // between their buffers (gloo_plugin::Context::HostCopy).
   bool host_copy() const { return context_->HostCopy(); }
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer buffer, int root,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                 int root, const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllGather(ConstBuffer send, Buffer recv,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                        const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer send, Buffer recv,
+                                                   const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(ConstBuffer send, Buffer recv,
+                                                    const AllToAllCounts& counts,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
+                                                        const CommOptions& options,
+                                                        const ResolvedOptions& resolved) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(const ShrinkPlan& plan,
+                                                         const CommOptions& options,
+                                                         const ResolvedOptions& resolved) override;
+  absl::Status DoAbort() override;
+  absl::Status DoRevoke() override;
+  absl::Status DoAsyncError() override;
 
  private:
   // What an operation does on the worker thread: `tag` is the same on
@@ -128,20 +127,14 @@ class GlooCommunicator final : public Communicator {
   // operation's deadline, on the completer or a waiting thread (GlooQueue),
   // `interrupt` (optional) makes it fail, `suspend` (point-to-point only)
   // makes it return Suspended() and resumable.
-  absl::StatusOr<std::unique_ptr<Work>> Start(Kind kind, const std::string& what,
-                                              const OpOptions& options, RunFn run,
+  absl::StatusOr<std::unique_ptr<Work>> Start(Kind kind, const ResolvedOptions& options, RunFn run,
                                               std::function<absl::Status(absl::Time)> finish = {},
                                               std::function<void()> interrupt = {},
                                               std::function<void()> suspend = {});
-  comm_internal::GroupInfo info() const;
-  // Send and Recv between ranks of one host (host_copy()).
-  absl::StatusOr<std::unique_ptr<Work>> HostSend(ConstBuffer buffer, int peer,
-                                                 const OpOptions& options);
-  absl::StatusOr<std::unique_ptr<Work>> HostRecv(Buffer buffer, int peer, const OpOptions& options);
-  // Either of them (`send`: HostSend; the buffer is only read then).
+  // Send and Recv between ranks of one host (host_copy(); `send`: a send,
+  // which only reads the buffer).
   absl::StatusOr<std::unique_ptr<Work>> StartHost(bool send, Buffer buffer, int peer,
-                                                  const std::string& what,
-                                                  const OpOptions& options);
+                                                  const ResolvedOptions& options);
   // Classifies a failure: marks the communicator failed (or revoked, when
   // the store says a peer revoked it) and returns the status to report.
   absl::Status OnError(const absl::Status& status);
@@ -160,8 +153,6 @@ class GlooCommunicator final : public Communicator {
 
   const std::shared_ptr<GlooRuntime> runtime_;
   const std::unique_ptr<gloo_plugin::Context> context_;
-  const std::string name_;
-  const absl::Duration timeout_;
   const std::string uid_;
   comm_internal::CommHealth health_;
   // Serialises the starting of operations so that tags and queue order
@@ -169,7 +160,6 @@ class GlooCommunicator final : public Communicator {
   std::mutex issue_mu_;
   uint32_t next_tag_ = 0;
   int split_seq_ = 0;
-  int shrink_seq_ = 0;
   std::atomic<bool> closed_{false};
   // Point-to-point messages posted to / from each group rank: a message's
   // number names the slot of its chunks. Only touched while posting, which
@@ -201,7 +191,8 @@ absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooR
 // A plugin error as a status whose message starts with `description`.
 absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description);
 
-// What this backend supports, for the shared validation.
-const comm_internal::Capabilities& GlooCapabilities();
+// What this backend moves and reduces (every dtype; reductions of all but
+// bool).
+const CommCapabilities& GlooCapabilities();
 
 }  // namespace strata::gloo

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "strata/base/settings.h"
+#include "strata/base/status.h"
 
 namespace strata::gloo {
 namespace {
@@ -36,9 +38,6 @@ std::string OwnDirectory() {
 
 std::vector<std::string> Candidates(const std::string& path) {
   if (!path.empty()) return {path};
-  if (const char* env = std::getenv("STRATA_GLOO_PLUGIN"); env != nullptr && *env != '\0') {
-    return {env};
-  }
   std::vector<std::string> out;
   const std::string own = OwnDirectory();
   if (!own.empty()) out.push_back(absl::StrCat(own, "/", kPluginName));
@@ -60,11 +59,14 @@ GlooPlugin::~GlooPlugin() {
 }
 
 absl::StatusOr<std::shared_ptr<GlooPlugin>> LoadGlooPlugin(const std::string& path) {
-  const char* env = std::getenv("STRATA_GLOO_DEEPBIND");
-  const bool deepbind = !kSanitized && !(env != nullptr && std::string(env) == "0");
+  // STRATA_GLOO_PLUGIN and STRATA_GLOO_DEEPBIND, through the settings
+  // registry (strata/base/settings.h).
+  STRATA_ASSIGN_OR_RETURN(const Settings settings, Settings::FromEnvironment());
+  const bool deepbind = !kSanitized && settings.gloo_deepbind;
   int flags = RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE;
   if (deepbind) flags |= RTLD_DEEPBIND;
-  const std::vector<std::string> candidates = Candidates(path);
+  const std::vector<std::string> candidates =
+      Candidates(path.empty() ? settings.gloo_plugin : path);
   // One load at a time: the first dlopen runs libgloo's static initialisers,
   // and the loader's own lock, which orders them before another thread's
   // use, is invisible to ThreadSanitizer. Holding our mutex makes that order

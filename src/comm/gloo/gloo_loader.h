@@ -11,7 +11,9 @@
 // libgloo's) stay out of the global scope, and its own references resolve
 // inside it first. STRATA_GLOO_DEEPBIND=0 leaves out RTLD_DEEPBIND (for the
 // isolation test that shows why it is there); sanitizer builds leave it out
-// too (ASan and TSan refuse RTLD_DEEPBIND).
+// too (ASan and TSan refuse RTLD_DEEPBIND). Both variables are read through
+// the settings registry (strata/base/settings.h) when the plugin is loaded:
+// the communicator code that calls this has no option that carries them.
 //
 // Thread-safety: LoadGlooPlugin may be called from any thread.
 #pragma once
@@ -44,7 +46,8 @@ class GlooPlugin {
 };
 
 // NotFound lists the places searched; FailedPrecondition when the file is
-// not a plugin of this build (dlerror's message, or the version).
+// not a plugin of this build (dlerror's message, or the version);
+// InvalidArgument for a malformed STRATA_* variable, naming it.
 absl::StatusOr<std::shared_ptr<GlooPlugin>> LoadGlooPlugin(const std::string& path);
 
 }  // namespace strata::gloo

@@ -176,6 +176,7 @@ void GlooQueue::RunOne(std::shared_ptr<QueuedOp> op) {
                        ": its timeout passed before it could start (earlier operations on the "
                        "communicator took the time)")));
     } else {
+      op->pending->Started();
       s = op->run(left);
       if (!s.ok()) s = on_error_(s);
     }

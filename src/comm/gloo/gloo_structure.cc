@@ -43,18 +43,6 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
   const absl::Time deadline_;
 };
 
-// FNV-1a over the survivor list, which survivors compare in Shrink.
-uint64_t HashRanks(const std::vector<int>& ranks) {
-  uint64_t h = 1469598103934665603ull;
-  for (int r : ranks) {
-    for (int i = 0; i < 4; ++i) {
-      h ^= static_cast<uint64_t>((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu);
-      h *= 1099511628211ull;
-    }
-  }
-  return h;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooRuntime& runtime,
@@ -78,7 +66,6 @@ absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooR
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
     const RootOptions& options, std::shared_ptr<Store> store, int rank, int size) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   const absl::Time deadline = absl::Now() + options.comm.timeout;
   const std::string what = absl::StrCat("creating the gloo root communicator '", options.comm.name,
                                         "' (rank ", rank, " of ", size, ")");
@@ -119,13 +106,12 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
 GlooCommunicator::GlooCommunicator(std::shared_ptr<GlooRuntime> runtime,
                                    std::unique_ptr<gloo_plugin::Context> context,
                                    const CommOptions& options, std::string uid)
-    : runtime_(std::move(runtime)),
+    : Communicator(options, Membership{context->rank(), context->size(), runtime->world_rank},
+                   GlooCapabilities()),
+      runtime_(std::move(runtime)),
       context_(std::move(context)),
-      name_(options.name),
-      timeout_(options.timeout),
       uid_(std::move(uid)),
-      health_(absl::StrCat("group ", options.name, " (rank ", context_->rank(), " of ",
-                           context_->size(), ", world rank ", runtime_->world_rank, ")")),
+      health_(where()),
       sent_to_(context_->size(), 0),
       received_from_(context_->size(), 0),
       queue_(std::make_shared<GlooQueue>(&health_,
@@ -192,12 +178,10 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
   return std::make_unique<GlooCommunicator>(runtime_, std::move(context), options, uid);
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(int color, int key,
-                                                                      const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
-  const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = absl::StrCat("split(color ", color, ", key ", key, ") into '",
-                                        options.name, "' on ", health_.where());
+absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoSplit(
+    int color, int key, const CommOptions& options, const ResolvedOptions& resolved) {
+  const absl::Time deadline = resolved.deadline;
+  const std::string& what = resolved.description;
   int seq;
   {
     std::lock_guard<std::mutex> lock(issue_mu_);
@@ -208,10 +192,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(int color,
   const int n = size();
   int32_t mine[2] = {color < 0 ? -1 : color, key};
   std::vector<int32_t> all(2 * static_cast<size_t>(n));
-  OpOptions gather;
-  gather.timeout = options.timeout;
-  absl::StatusOr<std::unique_ptr<Work>> work =
-      AllGather(ConstBuffer(mine, 2, DataType::kInt32), Buffer::Of(all.data(), all.size()), gather);
+  // Part of the split, not an operation of its own: the hook, unrecorded.
+  ResolvedOptions gather;
+  gather.deadline = deadline;
+  gather.timeout = resolved.timeout;
+  gather.description = absl::StrCat(what, ": gathering colors and keys");
+  absl::StatusOr<std::unique_ptr<Work>> work = DoAllGather(
+      ConstBuffer(mine, 2, DataType::kInt32), Buffer::Of(all.data(), all.size()), gather);
   if (!work.ok()) return internal::Annotate(work.status(), what);
   STRATA_RETURN_IF_ERROR_CTX((*work)->Wait(deadline), what);
   if (color < 0) return std::unique_ptr<Communicator>();
@@ -231,35 +218,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Split(int color,
   return std::unique_ptr<Communicator>(std::move(child).value());
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Shrink(
-    absl::Span<const int> excluded, const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateExcluded(info(), excluded));
-  std::vector<int> sorted(excluded.begin(), excluded.end());
-  std::sort(sorted.begin(), sorted.end());
-  const std::string what = absl::StrCat("shrink excluding ranks [", absl::StrJoin(sorted, ", "),
-                                        "] into '", options.name, "' on ", health_.where());
-  if (std::binary_search(sorted.begin(), sorted.end(), rank())) {
-    return std::unique_ptr<Communicator>();  // excluded ranks take no part
-  }
-  std::vector<int> survivors;
-  for (int r = 0; r < size(); ++r) {
-    if (!std::binary_search(sorted.begin(), sorted.end(), r)) survivors.push_back(r);
-  }
+absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoShrink(
+    const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved) {
+  const std::string& what = resolved.description;
+  const std::vector<int>& survivors = plan.survivors;
   const int m = static_cast<int>(survivors.size());
-  const int me = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank()) -
-                                  survivors.begin());
-  int seq;
-  {
-    std::lock_guard<std::mutex> lock(issue_mu_);
-    seq = shrink_seq_++;
-  }
-  const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string uid = absl::StrCat(uid_, "/k", seq);
+  const int me = plan.new_rank;
+  const absl::Time deadline = resolved.deadline;
+  // Named alike by every survivor (the excluded ranks' count of shrinks
+  // may differ).
+  const std::string uid =
+      absl::StrCat(uid_, "/k", absl::Hex(plan.survivors_hash), "-", plan.attempt);
   // Survivors compare their lists with a neighbour's: O(1) store operations
   // each, and every disagreement is seen by some survivor.
   Store& store = *runtime_->store;
-  const std::string hash = absl::StrCat(HashRanks(survivors));
+  const std::string hash = absl::StrCat(plan.survivors_hash);
   STRATA_RETURN_IF_ERROR_CTX(store.Set(absl::StrCat(uid, "/h/", rank()), hash, deadline), what);
   const int next = survivors[static_cast<size_t>((me + 1) % m)];
   absl::StatusOr<std::string> theirs = store.Get(absl::StrCat(uid, "/h/", next), deadline);
@@ -279,7 +252,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::Shrink(
   return std::unique_ptr<Communicator>(std::move(child).value());
 }
 
-absl::Status GlooCommunicator::Abort() {
+absl::Status GlooCommunicator::DoAbort() {
   // Aborted first: interrupting the running operation makes it fail, and
   // OnError must not take that failure for a revoke. Then the pending
   // operations, so that they fail with this message rather than with the
@@ -290,8 +263,8 @@ absl::Status GlooCommunicator::Abort() {
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::Revoke() {
-  const absl::Time deadline = absl::Now() + timeout_;
+absl::Status GlooCommunicator::DoRevoke() {
+  const absl::Time deadline = absl::Now() + timeout();
   STRATA_RETURN_IF_ERROR_CTX(
       runtime_->store->Set(absl::StrCat(uid_, "/revoked"), absl::StrCat(rank()), deadline),
       "revoke on ", health_.where());
@@ -301,6 +274,6 @@ absl::Status GlooCommunicator::Revoke() {
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::AsyncError() { return health_.Health(); }
+absl::Status GlooCommunicator::DoAsyncError() { return health_.Health(); }
 
 }  // namespace strata::gloo

@@ -168,9 +168,11 @@ class Context {
   virtual void CloseConnections() = 0;
   // True when every rank of the group runs on this host and each can read
   // the others' memory (process_vm_readv; all ranks agree at connect, and
-  // STRATA_GLOO_CMA=0 turns it off): collectives then copy directly
-  // between the ranks' buffers and meet on a page of shared memory, and
-  // HostSend / HostRecv move point-to-point messages the same way.
+  // STRATA_GLOO_CMA=0 turns it off): AllReduce, AllGather, ReduceScatter,
+  // Broadcast and AllToAll then copy directly between the ranks' buffers and
+  // meet on a page of shared memory, and HostSend / HostRecv move
+  // point-to-point messages the same way. Reduce, AllToAllV and Barrier use
+  // Gloo's transport either way.
   virtual bool HostCopy() const = 0;
 };
 

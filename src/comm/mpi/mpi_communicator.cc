@@ -15,7 +15,6 @@
 namespace strata::mpi {
 namespace {
 
-using comm_internal::DescribeOp;
 using comm_internal::DivideInPlace;
 
 // Tags of the point-to-point messages on the operations communicator.
@@ -28,6 +27,9 @@ class MpiWork final : public Work {
   absl::Status Wait(absl::Time deadline) override { return op_->Wait(deadline); }
   absl::StatusOr<bool> Test() override { return op_->Test(); }
   std::string Describe() const override { return op_->description(); }
+  // The op lives while MPI may use its buffers (the engine, or the runtime
+  // until exit, holds it while requests are pending).
+  void KeepBuffersAlive(std::shared_ptr<void> holder) override { op_->Keep(std::move(holder)); }
 
  private:
   std::shared_ptr<Op> op_;
@@ -149,35 +151,25 @@ MPI_Op MpiReduceOp(DataType dtype, ReduceOp op) {
   return MPI_OP_NULL;
 }
 
-const comm_internal::Capabilities& MpiCapabilities() {
-  static const comm_internal::Capabilities caps{&CanMove, &CanReduce};
+const CommCapabilities& MpiCapabilities() {
+  static const CommCapabilities caps{&CanMove, &CanReduce};
   return caps;
 }
 
 MpiCommunicator::MpiCommunicator(std::shared_ptr<Engine> engine, std::shared_ptr<CommState> state,
-                                 absl::Duration timeout)
-    : engine_(std::move(engine)), state_(std::move(state)), timeout_(timeout) {}
-
-comm_internal::GroupInfo MpiCommunicator::info() const {
-  return comm_internal::GroupInfo{state_->name(), state_->rank(), state_->size(),
-                                  state_->world_rank()};
-}
+                                 const CommOptions& options)
+    : Communicator(options, Membership{state->rank(), state->size(), state->world_rank()},
+                   MpiCapabilities()),
+      engine_(std::move(engine)),
+      state_(std::move(state)) {}
 
 absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Start(
-    const std::string& what, const OpOptions& options,
-    const std::function<absl::Status(Op&)>& start) {
-  if (options.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " on ", state_->where(), ": timeout ",
-                                                   absl::FormatDuration(options.timeout),
-                                                   " is negative"));
-  }
-  const absl::Duration timeout =
-      options.timeout > absl::ZeroDuration() ? options.timeout : timeout_;
+    const ResolvedOptions& options, const std::function<absl::Status(Op&)>& start) {
   std::lock_guard<std::mutex> lock(state_->issue_mu());
-  const std::string description = absl::StrCat(what, " on ", state_->where());
-  STRATA_RETURN_IF_ERROR(state_->CheckUsable(description));
-  auto op =
-      std::make_shared<Op>(description, state_, absl::Now() + timeout, timeout, engine_->wakeup());
+  STRATA_RETURN_IF_ERROR(state_->CheckUsable(options.description));
+  auto op = std::make_shared<Op>(options.description, state_, options.deadline, options.timeout,
+                                 engine_->wakeup());
+  op->trace = options.trace;
   absl::Status started = start(*op);
   if (!started.ok()) {
     // Calls that did start (earlier chunks) finish in the background.
@@ -185,23 +177,23 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Start(
         started.code() == absl::StatusCode::kUnavailable) {
       state_->SetFailed(started);
     }
+    op->trace = nullptr;  // Communicator records the failure to start
     engine_->Adopt(std::move(op));
     return started;
   }
+  // Posted: MPI runs it from here on.
+  if (options.trace != nullptr) options.trace->Started();
   engine_->Submit(op);
   return std::unique_ptr<Work>(new MpiWork(std::move(op)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllReduce(ConstBuffer send, Buffer recv,
-                                                                 ReduceOp op,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateAllReduce(info(), send, recv, op, MpiCapabilities()));
-  const std::string what = DescribeOp("allreduce", ReduceOpName(op), recv);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoAllReduce(ConstBuffer send, Buffer recv,
+                                                                   ReduceOp op,
+                                                                   const ResolvedOptions& options) {
   const bool in_place = send.data == recv.data;
   const size_t limit = engine_->max_elements_per_call();
   const int size = state_->size();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(recv.dtype);
     const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
     if (op == ReduceOp::kAvg) AverageWhenDone(o, recv, size);
@@ -221,12 +213,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllReduce(ConstBuffer sen
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Broadcast(Buffer buffer, int root,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateBroadcast(info(), buffer, root, MpiCapabilities()));
-  const std::string what = DescribeOp("broadcast", absl::StrCat("root ", root), buffer);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoBroadcast(Buffer buffer, int root,
+                                                                   const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     return ForChunks(buffer.count, limit, [&](size_t off, int n) {
       return Post(o, state_->comm(), [&](MPI_Request* r) {
         return MPI_Ibcast(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), root,
@@ -236,18 +226,14 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Broadcast(Buffer buffer, 
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Reduce(ConstBuffer send, Buffer recv,
-                                                              ReduceOp op, int root,
-                                                              const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateReduce(info(), send, recv, op, root, MpiCapabilities()));
-  const std::string what =
-      DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoReduce(ConstBuffer send, Buffer recv,
+                                                                ReduceOp op, int root,
+                                                                const ResolvedOptions& options) {
   const bool is_root = state_->rank() == root;
   const bool in_place = is_root && send.data == recv.data;
   const size_t limit = engine_->max_elements_per_call();
   const int size = state_->size();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     const MPI_Op mpi_op = MpiReduceOp(send.dtype, op);
     if (op == ReduceOp::kAvg && is_root) AverageWhenDone(o, recv, size);
@@ -268,15 +254,13 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Reduce(ConstBuffer send, 
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllGather(ConstBuffer send, Buffer recv,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(info(), send, recv, MpiCapabilities()));
-  const std::string what = DescribeOp("allgather", "", send);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoAllGather(ConstBuffer send, Buffer recv,
+                                                                   const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
   const size_t block = send.count;
   const bool in_place =
       send.data != nullptr && send.data == At(recv.data, block * rank(), recv.dtype);
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     if (block <= limit) {
       const void* s = in_place ? MPI_IN_PLACE : send.data;
@@ -302,18 +286,14 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllGather(ConstBuffer sen
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer send, Buffer recv,
-                                                                     ReduceOp op,
-                                                                     const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateReduceScatter(info(), send, recv, op, MpiCapabilities()));
-  const std::string what = DescribeOp("reduce_scatter", ReduceOpName(op), recv);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoReduceScatter(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
   const size_t block = recv.count;
   const bool in_place = send.data == recv.data;
   const int size = state_->size();
   const int me = state_->rank();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(recv.dtype);
     const MPI_Op mpi_op = MpiReduceOp(recv.dtype, op);
     if (op == ReduceOp::kAvg) AverageWhenDone(o, recv, size);
@@ -349,14 +329,12 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::ReduceScatter(ConstBuffer
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAll(ConstBuffer send, Buffer recv,
-                                                                const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(info(), send, recv, MpiCapabilities()));
-  const std::string what = DescribeOp("all_to_all", "", send);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoAllToAll(ConstBuffer send, Buffer recv,
+                                                                  const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
   const size_t block = send.count / static_cast<size_t>(state_->size());
   const bool in_place = send.data == recv.data && send.count != 0;
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     if (block <= limit) {
       const void* s = in_place ? MPI_IN_PLACE : send.data;
@@ -379,17 +357,14 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAll(ConstBuffer send
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
-                                                                 const AllToAllCounts& counts,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidateAllToAllV(info(), send, recv, counts, MpiCapabilities()));
-  const std::string what = DescribeOp("all_to_all_v", "", send);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoAllToAllV(ConstBuffer send, Buffer recv,
+                                                                   const AllToAllCounts& counts,
+                                                                   const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
   const bool in_place = send.data == recv.data && send.count != 0;
   const int size = state_->size();
   const int me = state_->rank();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     const MPI_Datatype type = MpiType(send.dtype);
     if (send.count <= limit && recv.count <= limit) {
       // Every count and displacement fits MPI's int.
@@ -457,19 +432,16 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::AllToAllV(ConstBuffer sen
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Barrier(const OpOptions& options) {
-  return Start(DescribeOp("barrier", ""), options, [&](Op& o) {
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoBarrier(const ResolvedOptions& options) {
+  return Start(options, [&](Op& o) {
     return Post(o, state_->comm(), [&](MPI_Request* r) { return MPI_Ibarrier(state_->comm(), r); });
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Send(ConstBuffer buffer, int peer,
-                                                            const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidatePeer(info(), "send", buffer, peer, MpiCapabilities()));
-  const std::string what = DescribeOp("send", absl::StrCat("peer ", peer), buffer);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoSend(ConstBuffer buffer, int peer,
+                                                              const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     return ForChunks(buffer.count, limit, [&](size_t off, int n) {
       return Post(o, state_->comm(), [&](MPI_Request* r) {
         return MPI_Isend(At(buffer.data, off, buffer.dtype), n, MpiType(buffer.dtype), peer,
@@ -479,13 +451,10 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Send(ConstBuffer buffer, 
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Recv(Buffer buffer, int peer,
-                                                            const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(
-      comm_internal::ValidatePeer(info(), "recv", buffer, peer, MpiCapabilities()));
-  const std::string what = DescribeOp("recv", absl::StrCat("peer ", peer), buffer);
+absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::DoRecv(Buffer buffer, int peer,
+                                                              const ResolvedOptions& options) {
   const size_t limit = engine_->max_elements_per_call();
-  return Start(what, options, [&](Op& o) {
+  return Start(options, [&](Op& o) {
     std::vector<int> expected;
     absl::Status s = ForChunks(buffer.count, limit, [&](size_t off, int n) {
       STRATA_RETURN_IF_ERROR(Post(o, state_->comm(), [&](MPI_Request* r) {
@@ -495,6 +464,7 @@ absl::StatusOr<std::unique_ptr<Work>> MpiCommunicator::Recv(Buffer buffer, int p
       expected.push_back(n);
       return absl::OkStatus();
     });
+    o.cancel_on_failure = true;
     // A shorter message than the buffer is not an MPI error; it is ours.
     const std::string description = o.description();
     const DataType dtype = buffer.dtype;

@@ -130,14 +130,32 @@ bool Op::Complete(const absl::Status& status) {
     if (done_) return false;
     done_ = true;
     status_ = status;
+    // Under the lock: whoever sees the operation done sees it recorded.
+    if (trace != nullptr) trace->Completed(status);
   }
   cv_.notify_all();
+  return true;
+}
+
+bool Op::RequestFailure(const absl::Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return false;
+    if (!failure_request_) failure_request_ = status;
+    has_failure_request_.store(true, std::memory_order_release);
+  }
+  wakeup_->Kick();
   return true;
 }
 
 bool Op::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
+}
+
+void Op::Keep(std::shared_ptr<void> holder) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kept_.push_back(std::move(holder));
 }
 
 absl::Status Op::Wait(absl::Time deadline) {
@@ -212,6 +230,8 @@ void Engine::Stop() {
   // MPI may still write into these operations' buffers (it cannot cancel a
   // collective), so their scratch memory is kept until the process exits.
   for (const std::shared_ptr<Op>& op : active) {
+    // The engine thread is gone: receives are cancelled here.
+    if (op->cancel_on_failure && !Finalized()) CancelRequests(*op);
     op->Complete(absl::AbortedError(absl::StrCat(
         op->description(),
         ": the communicator's progress engine stopped with the operation in flight (the "
@@ -250,12 +270,49 @@ void Engine::Adopt(std::shared_ptr<Op> op) {
 }
 
 void Engine::FailPending(const CommState* comm, const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const std::shared_ptr<Op>& op : active_) {
-    if (op->comm_.get() == comm) {
-      op->Complete(
-          absl::Status(status.code(), absl::StrCat(op->description(), ": ", status.message())));
+  std::vector<std::shared_ptr<Op>> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const std::shared_ptr<Op>& op : active_) {
+      if (op->comm_.get() != comm) continue;
+      absl::Status failed(status.code(), absl::StrCat(op->description(), ": ", status.message()));
+      if (op->cancel_on_failure) {
+        // The engine thread cancels the receive, then completes it.
+        if (op->RequestFailure(failed)) cancelled.push_back(op);
+      } else {
+        op->Complete(failed);
+      }
     }
+  }
+  // Bounded: cancelling a receive is local (MPI 4.0, 3.8.4), and the
+  // engine gives up on a request after kCancelWait.
+  for (const std::shared_ptr<Op>& op : cancelled) {
+    (void)op->Wait(absl::Now() + kCancelWait + absl::Seconds(1));
+  }
+}
+
+void Engine::CancelRequests(Op& op) {
+  bool any = false;
+  for (MPI_Request& r : op.requests) {
+    if (r != MPI_REQUEST_NULL) {
+      MPI_Cancel(&r);
+      any = true;
+    }
+  }
+  if (!any) return;
+  // A cancelled receive completes locally; one that had already matched a
+  // message completes when the message is in. Either way MPI then no
+  // longer touches the buffer. Should it not complete in time (a sender
+  // stopped inside a transfer), the requests go to the orphans.
+  const absl::Time until = absl::Now() + kCancelWait;
+  std::vector<MPI_Status> statuses(op.requests.size());
+  while (true) {
+    int flag = 0;
+    int rc = MPI_Testall(static_cast<int>(op.requests.size()), op.requests.data(), &flag,
+                         statuses.data());
+    if (flag || (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) || AllNull(op.requests)) return;
+    if (absl::Now() > until) return;
+    absl::SleepFor(absl::Microseconds(50));
   }
 }
 
@@ -330,6 +387,18 @@ bool Engine::Pass(const std::vector<std::shared_ptr<Op>>& ops) {
       retire(op);
       continue;
     }
+    std::optional<absl::Status> failure;
+    if (op->has_failure_request_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(op->mu_);
+      failure.swap(op->failure_request_);
+    }
+    if (failure) {  // a receive failed from outside: cancelled first
+      CancelRequests(*op);
+      op->Complete(*failure);
+      retire(op);
+      completed = true;
+      continue;
+    }
     if (!op->mpi_done_) {
       absl::Status health = comm->Health();
       if (!health.ok()) {
@@ -361,6 +430,7 @@ bool Engine::Pass(const std::vector<std::shared_ptr<Op>>& ops) {
             " (a peer may have failed, be stuck, or not have issued the matching call); the "
             "communicator is now unusable: revoke or abort it, then shrink or rebuild"));
         comm->SetFailed(late);
+        if (op->cancel_on_failure) CancelRequests(*op);
         op->Complete(late);
         retire(op);
         completed = true;

@@ -29,18 +29,20 @@
 // built with ThreadSanitizer, which then cannot see absl::Mutex's ordering.
 //
 // Thread-safety: Engine, Op and CommState are thread-safe; Op::requests,
-// Op::finish and Op::scratch are written by the starting thread before
+// Op::finish, Op::scratch and Op::trace are written by the starting thread before
 // Submit and used only by the engine thread afterwards.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,6 +54,7 @@
 #include "comm/common/health.h"
 #include "comm/mpi/mpi_runtime.h"
 #include "strata/comm/backend.h"
+#include "strata/observe/op_record.h"
 
 namespace strata::mpi {
 
@@ -82,9 +85,7 @@ class CommState {
   // Serialises the starting of operations, so that MPI sees them in the
   // order of the engine's queue; held while an operation is started.
   std::mutex& issue_mu() { return issue_mu_; }
-  // Counts Split and Shrink calls, for message tags and child uids
-  // (guarded by issue_mu).
-  int next_shrink_seq() { return shrink_seq_++; }
+  // Counts Split calls, for child uids (guarded by issue_mu).
   int next_split_seq() { return split_seq_++; }
   // "r3f9a.../s0c1/k0": the root's random id (from rank 0), then one step
   // per split (sequence number and color) and shrink (sequence number).
@@ -113,7 +114,6 @@ class CommState {
   int world_rank_ = 0;
   std::mutex issue_mu_;
   const std::string uid_;
-  int shrink_seq_ = 0;
   int split_seq_ = 0;
   comm_internal::CommHealth health_;
 };
@@ -168,6 +168,24 @@ class Op {
   // staging copies).
   std::vector<std::vector<char>> scratch;
   std::vector<std::vector<int>> int_scratch;
+  // The operation's record (null unless a sink records it): completed by
+  // Complete.
+  std::shared_ptr<observe::OpTrace> trace;
+  // Receives: when the operation fails (its deadline, Abort, Revoke), the
+  // engine cancels its requests and waits (boundedly) for MPI to let go of
+  // the buffer before marking it done, so that a caller who frees the
+  // buffer after a failed Wait is safe. Collectives cannot be cancelled in
+  // MPI: their buffers may be written until MPI completes them.
+  bool cancel_on_failure = false;
+
+  // Asks the engine thread to fail the operation with `status` (after
+  // cancelling it, for cancel_on_failure); false if it is done already.
+  bool RequestFailure(const absl::Status& status);
+
+  // Keeps `holder` until the op is destroyed, i.e. until nothing (the
+  // engine, the runtime at exit) keeps it for requests MPI may still
+  // complete (Work::KeepBuffersAlive). Thread-safe.
+  void Keep(std::shared_ptr<void> holder);
 
  private:
   friend class Engine;
@@ -180,6 +198,12 @@ class Op {
   std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
+  // Set by RequestFailure (under mu_), taken by the engine thread.
+  std::optional<absl::Status> failure_request_;
+  // Whether failure_request_ is set: read by the engine on every pass
+  // without taking mu_.
+  std::atomic<bool> has_failure_request_{false};
+  std::vector<std::shared_ptr<void>> kept_;  // guarded by mu_
   // Engine thread only.
   bool retired_ = false;
   bool mpi_done_ = false;
@@ -210,6 +234,9 @@ class Engine : public ExitHook {
   // now, without waiting for MPI.
   void FailPending(const CommState* comm, const absl::Status& status);
 
+  // How long the engine waits for MPI to release a cancelled receive.
+  static constexpr absl::Duration kCancelWait = absl::Seconds(5);
+
   // Stops the thread; pending operations fail with Aborted. Idempotent.
   void Stop();
   void StopBeforeFinalize() override { Stop(); }
@@ -220,6 +247,9 @@ class Engine : public ExitHook {
   // Completed and failed operations are marked retired.
   bool Pass(const std::vector<std::shared_ptr<Op>>& ops);
   void ReapOrphans();
+  // Cancels `op`'s requests and waits up to kCancelWait for them to
+  // complete (engine thread).
+  static void CancelRequests(Op& op);
   // Moves an op whose requests may still be in flight to the orphans.
   void Orphan(std::shared_ptr<Op> op);
 

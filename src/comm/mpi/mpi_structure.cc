@@ -20,28 +20,11 @@
 namespace strata::mpi {
 namespace {
 
-// Tags on the control communicator. Each Shrink uses its own tag (by
-// sequence number), so that messages of an attempt that timed out cannot
-// be taken for those of the next one.
+// Tags on the control communicator. Each Shrink uses its own tag (by its
+// survivors and attempt, ShrinkPlan), so that messages of an attempt that
+// timed out cannot be taken for those of the next one.
 constexpr int kShrinkTagBase = 1000;
 constexpr int kShrinkTagSpan = 8192;
-
-absl::Status CheckCommOptions(const CommOptions& options) {
-  if (options.version != CommOptions::kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CommOptions version ", options.version,
-                     " is not supported (this build: ", CommOptions::kVersion, ")"));
-  }
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat("communicator '", options.name, "': timeout ",
-                                                   absl::FormatDuration(options.timeout),
-                                                   " must be positive"));
-  }
-  if (options.name.empty()) {
-    return absl::InvalidArgumentError("communicator name is empty");
-  }
-  return absl::OkStatus();
-}
 
 // A nonblocking MPI call whose output handle MPI writes at completion: the
 // handle lives in the op's scratch until then.
@@ -78,24 +61,10 @@ absl::StatusOr<MPI_Comm> FinishCreation(Engine& engine, MPI_Comm comm, absl::Tim
   return *ctrl;
 }
 
-// FNV-1a over the survivor list: survivors compare it during the rendezvous
-// to catch ranks that pass different excluded sets.
-int64_t HashRanks(const std::vector<int>& ranks) {
-  uint64_t h = 1469598103934665603ull;
-  for (int r : ranks) {
-    for (int i = 0; i < 4; ++i) {
-      h ^= static_cast<uint64_t>((static_cast<uint32_t>(r) >> (8 * i)) & 0xffu);
-      h *= 1099511628211ull;
-    }
-  }
-  return static_cast<int64_t>(h >> 1);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
     const RootOptions& options, int expected_rank, int expected_size) {
-  STRATA_RETURN_IF_ERROR(CheckCommOptions(options.comm));
   if (options.mpi.busy_poll < absl::ZeroDuration() ||
       options.mpi.max_poll_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -103,15 +72,9 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
                      " and max_poll_interval ", absl::FormatDuration(options.mpi.max_poll_interval),
                      " must not be negative"));
   }
-  if (!options.mpi.oversubscribed) {
+  if (!options.mpi.oversubscribed.has_value()) {
     const comm_internal::HostShare share = comm_internal::DetectHostShare();
-    if (!share.invalid_force.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("STRATA_OVERSUBSCRIBED is '", share.invalid_force,
-                       "': set it to 1 (more ranks than cores on this host) or 0, or unset it "
-                       "to detect"));
-    }
-    if (!share.invalid_env.empty() && !share.forced) {
+    if (!share.invalid_env.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot tell how many ranks share this host (to know whether they outnumber its "
           "cores): ",
@@ -151,8 +114,7 @@ absl::StatusOr<std::unique_ptr<MpiCommunicator>> MpiCommunicator::CreateRoot(
   STRATA_RETURN_IF_ERROR(WaitRequests(*engine, id_op, deadline, *comm));
   auto state = std::make_shared<CommState>(*comm, ctrl, options.comm.name, info->world_rank,
                                            absl::StrCat("r", absl::Hex(*id)));
-  return std::make_unique<MpiCommunicator>(std::move(engine), std::move(state),
-                                           options.comm.timeout);
+  return std::make_unique<MpiCommunicator>(std::move(engine), std::move(state), options.comm);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::Wrap(MPI_Comm comm, MPI_Comm ctrl,
@@ -160,20 +122,21 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::Wrap(MPI_Comm comm, MPI_Comm c
                                                        std::string uid) {
   auto state =
       std::make_shared<CommState>(comm, ctrl, options.name, state_->world_rank(), std::move(uid));
-  return std::make_unique<MpiCommunicator>(engine_, std::move(state), options.timeout);
+  return std::make_unique<MpiCommunicator>(engine_, std::move(state), options);
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, int key,
-                                                                     const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(CheckCommOptions(options));
-  const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string what = absl::StrCat("split(color ", color, ", key ", key, ") into '",
-                                        options.name, "' on ", state_->where());
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoSplit(
+    int color, int key, const CommOptions& options, const ResolvedOptions& resolved) {
+  const absl::Time deadline = resolved.deadline;
+  const std::string& what = resolved.description;
   // MPI_Comm_split blocks without a deadline; a barrier that has one first
-  // makes sure every rank has arrived.
-  OpOptions barrier_options;
-  barrier_options.timeout = options.timeout;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> barrier, Barrier(barrier_options));
+  // makes sure every rank has arrived. It is part of the split, not an
+  // operation of its own: the hook, unrecorded.
+  ResolvedOptions barrier_options;
+  barrier_options.deadline = deadline;
+  barrier_options.timeout = resolved.timeout;
+  barrier_options.description = absl::StrCat(what, ": barrier");
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Work> barrier, DoBarrier(barrier_options));
   STRATA_RETURN_IF_ERROR_CTX(barrier->Wait(deadline), what);
   MPI_Comm comm = MPI_COMM_NULL;
   std::string uid;
@@ -189,32 +152,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Split(int color, 
   return std::unique_ptr<Communicator>(Wrap(comm, ctrl, options, std::move(uid)));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
-    absl::Span<const int> excluded, const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(CheckCommOptions(options));
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateExcluded(info(), excluded));
-  std::vector<int> sorted(excluded.begin(), excluded.end());
-  std::sort(sorted.begin(), sorted.end());
-  const std::string what = absl::StrCat("shrink excluding ranks [", absl::StrJoin(sorted, ", "),
-                                        "] into '", options.name, "' on ", state_->where());
-  if (std::binary_search(sorted.begin(), sorted.end(), rank())) {
-    return std::unique_ptr<Communicator>();  // excluded ranks take no part
-  }
-  std::vector<int> survivors;
-  for (int r = 0; r < size(); ++r) {
-    if (!std::binary_search(sorted.begin(), sorted.end(), r)) survivors.push_back(r);
-  }
+absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoShrink(
+    const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved) {
+  const std::string& what = resolved.description;
+  const std::vector<int>& survivors = plan.survivors;
   const int m = static_cast<int>(survivors.size());
-  const int me = static_cast<int>(std::lower_bound(survivors.begin(), survivors.end(), rank()) -
-                                  survivors.begin());
-  const absl::Time deadline = absl::Now() + options.timeout;
-  int seq;
-  {
-    std::lock_guard<std::mutex> lock(state_->issue_mu());
-    seq = state_->next_shrink_seq();
-  }
-  const int tag = kShrinkTagBase + seq % kShrinkTagSpan;
-  const int64_t hash = HashRanks(survivors);
+  const int me = plan.new_rank;
+  const absl::Time deadline = resolved.deadline;
+  // Numbered alike by every survivor (the excluded ranks' count of shrinks
+  // may differ), and differently from an earlier attempt whose messages may
+  // still be in flight.
+  const int64_t seq = plan.attempt;
+  const int tag =
+      kShrinkTagBase +
+      static_cast<int>((plan.survivors_hash + static_cast<uint64_t>(seq)) % kShrinkTagSpan);
+  const int64_t hash = static_cast<int64_t>(plan.survivors_hash >> 1);
   const MPI_Comm ctrl = state_->ctrl();
 
   // 1. Rendezvous of the survivors (a dissemination barrier) on the control
@@ -259,21 +211,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
     failures |= msg[5];
   }
 
-  // 2. Create the communicator among the survivors only. Without failures,
-  // MPI_Comm_create_group on the control communicator (only the group's
-  // members take part). With failures, ULFM refuses that on a parent that
-  // contains a failed rank, so the communicator is built from the group
-  // alone with MPI_Comm_create_from_group (PMIx), named by the uid that
-  // every survivor computes alike.
-  const std::string uid = absl::StrCat(state_->uid(), "/k", seq);
+  // 2. Create the communicator among the survivors only, all of them the
+  // same way. MPI_Comm_create_group on the control communicator (only the
+  // group's members take part) fails under ULFM with MPI_ERR_PROC_FAILED
+  // on a rank that knows of a failed rank in the parent, even one outside
+  // the group, while the members that do not know yet wait in it for the
+  // ones that failed out, without a deadline. What a rank knows can change
+  // after the rendezvous (a strata heartbeat or probe may find a death
+  // before ULFM does, and ULFM then reports it to each rank at its own
+  // moment), so when ranks are excluded under fault tolerance, or when any
+  // survivor knows of a failure, the communicator is built from the group
+  // alone with MPI_Comm_create_from_group (PMIx), which does not look at
+  // the parent, named by the uid that every survivor computes alike.
+  // Without fault tolerance a failure ends the job, and create_group
+  // (which also works in a singleton) is used.
+  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
+  const bool fault_tolerant = info.ok() && (*info)->fault_tolerant;
+  const bool from_group = failures != 0 || (fault_tolerant && m < size());
+  const std::string uid =
+      absl::StrCat(state_->uid(), "/k", absl::Hex(plan.survivors_hash), "-", seq);
   MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   MPI_Comm comm = MPI_COMM_NULL;
   int rc = MPI_Comm_group(ctrl, &parent);
-  if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, survivors.data(), &group);
+  if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, plan.survivors.data(), &group);
   if (rc == MPI_SUCCESS) {
-    rc = failures != 0 ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
-                                                    MPI_ERRORS_RETURN, &comm)
-                       : MPI_Comm_create_group(ctrl, group, tag, &comm);
+    rc = from_group ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,
+                                                 MPI_ERRORS_RETURN, &comm)
+                    : MPI_Comm_create_group(ctrl, group, tag, &comm);
   }
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (parent != MPI_GROUP_NULL) MPI_Group_free(&parent);
@@ -282,7 +246,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::Shrink(
   return std::unique_ptr<Communicator>(Wrap(comm, new_ctrl, options, uid));
 }
 
-absl::Status MpiCommunicator::Abort() {
+absl::Status MpiCommunicator::DoAbort() {
   // Pending operations first, so that they fail with this message rather
   // than with the engine's "the communicator broke".
   engine_->FailPending(state_.get(),
@@ -291,11 +255,20 @@ absl::Status MpiCommunicator::Abort() {
   return absl::OkStatus();
 }
 
-absl::Status MpiCommunicator::Revoke() {
+absl::Status MpiCommunicator::DoRevoke() {
 #ifdef STRATA_HAVE_ULFM
   if (Finalized()) {
     return absl::FailedPreconditionError(
         absl::StrCat("revoke on ", state_->where(), ": MPI is already finalised"));
+  }
+  // Without fault tolerance on, MPIX_Comm_revoke returns but the other
+  // ranks never hear of it: refuse rather than revoke this rank alone.
+  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
+  if (size() > 1 && info.ok() && !(*info)->fault_tolerant) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "revoke on ", state_->where(),
+        ": this job runs without MPI fault tolerance, so a revocation would not reach the other "
+        "ranks; launch with mpirun --with-ft ulfm, or abort instead"));
   }
   int rc = MPIX_Comm_revoke(state_->comm());
   if (rc != MPI_SUCCESS) {
@@ -312,7 +285,7 @@ absl::Status MpiCommunicator::Revoke() {
 #endif
 }
 
-absl::Status MpiCommunicator::AsyncError() {
+absl::Status MpiCommunicator::DoAsyncError() {
   STRATA_RETURN_IF_ERROR(state_->Health());
   const std::vector<int> failed = FailedRanks(state_->comm());
   if (failed.empty()) return absl::OkStatus();

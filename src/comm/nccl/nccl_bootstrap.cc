@@ -124,18 +124,8 @@ int ChooseDevice(const LaunchEnv& env, const NcclOptions& options, int visible) 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& env,
                                                              const RootOptions& options,
                                                              std::shared_ptr<Store> store) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options.comm));
   const std::string who = absl::StrCat("rank ", env.rank, " of ", env.world_size);
-  if (options.nccl.watchdog_interval <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclOptions::watchdog_interval ",
-                     absl::FormatDuration(options.nccl.watchdog_interval), " must be positive"));
-  }
-  if (options.nccl.device < -1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NcclOptions::device ", options.nccl.device, " on ", who,
-                     " must be a device index or -1 (the local rank's device)"));
-  }
+  STRATA_RETURN_IF_ERROR(CheckNcclOptions(options.nccl, who));
   STRATA_RETURN_IF_ERROR(
       UniqueIdCount(env.world_size, options.nccl.ranks_per_unique_id, true).status());
   const int visible = VisibleDeviceCount();
@@ -150,12 +140,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclRoot(const LaunchEnv& en
                                                    ": only ", visible, " devices are visible"));
   }
   STRATA_ASSIGN_OR_RETURN(const NcclApi* api, NcclApi::Load(options.nccl.library));
-  auto family = std::make_shared<NcclFamily>();
+  // This root's family, with a watchdog of its own at this root's interval.
+  STRATA_ASSIGN_OR_RETURN(std::shared_ptr<NcclFamily> family,
+                          NcclFamily::Create(options.nccl, env.rank));
   family->api = api;
   family->device = device;
-  family->world_rank = env.rank;
-  family->options = options.nccl;
-  family->watchdog = Watchdog::Shared(options.nccl.watchdog_interval);
 
   // The topology profile: environment variables before NCCL's first use,
   // config fields for every communicator. Detection failing is not fatal.

@@ -13,15 +13,10 @@
 
 namespace strata::nccl {
 
-using comm_internal::Capabilities;
-using comm_internal::DescribeGroup;
-using comm_internal::DescribeOp;
 using comm_internal::PendingOp;
 using comm_internal::PendingWork;
 
 namespace {
-
-constexpr Capabilities kCaps{&NcclCanMove, &NcclCanReduce};
 
 // How NCCL moves `count` elements of `dtype`: natively, or as bytes when
 // NCCL has no type for it (int16 and bool are only ever moved).
@@ -37,8 +32,9 @@ Moved MoveAs(DataType dtype, size_t count) {
 
 // InvalidArgument when `data` (holding `count` elements) is not memory the
 // GPU can address directly: NCCL would otherwise fail late or crash.
-absl::Status CheckDeviceMemory(const comm_internal::GroupInfo& g, absl::string_view op,
-                               absl::string_view which, const void* data, size_t count) {
+// `what` is the operation's description.
+absl::Status CheckDeviceMemory(absl::string_view what, absl::string_view which, const void* data,
+                               size_t count) {
   if (data == nullptr || count == 0) return absl::OkStatus();
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
@@ -49,7 +45,7 @@ absl::Status CheckDeviceMemory(const comm_internal::GroupInfo& g, absl::string_v
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      op, " on ", DescribeGroup(g), ": the ", which, " (", absl::Hex(data),
+      what, ": the ", which, " (", absl::Hex(data),
       ") is host memory; the nccl backend works on CUDA device memory (use the mpi or gloo "
       "backend for host buffers)"));
 }
@@ -59,6 +55,37 @@ char* At(const void* base, size_t elements, DataType dtype) {
 }
 
 }  // namespace
+
+const CommCapabilities& NcclCapabilities() {
+  static const CommCapabilities caps{&NcclCanMove, &NcclCanReduce};
+  return caps;
+}
+
+absl::Status CheckNcclOptions(const NcclOptions& options, absl::string_view who) {
+  if (options.watchdog_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("NcclOptions::watchdog_interval ",
+                                                   absl::FormatDuration(options.watchdog_interval),
+                                                   " must be positive"));
+  }
+  if (options.device < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclOptions::device ", options.device, " on ", who,
+                     " must be a device index or -1 (the local rank's device)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<NcclFamily>> NcclFamily::Create(const NcclOptions& options,
+                                                               int world_rank) {
+  STRATA_RETURN_IF_ERROR(CheckNcclOptions(options, absl::StrCat("world rank ", world_rank)));
+  auto family = std::make_shared<NcclFamily>();
+  family->world_rank = world_rank;
+  family->options = options;
+  WatchdogOptions watchdog;
+  watchdog.interval = options.watchdog_interval;
+  family->watchdog = std::make_unique<Watchdog>(std::move(watchdog));
+  return family;
+}
 
 int VisibleDeviceCount() {
   int n = 0;
@@ -125,17 +152,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Wrap(
                   "cudaMalloc(barrier)");
   }
   if (s.ok()) s = CudaError(cudaMemset(c->barrier_buffer_, 0, sizeof(float)), "cudaMemset");
-  if (!s.ok()) return internal::Annotate(s, DescribeGroup(c->Group()));
+  if (!s.ok()) return internal::Annotate(s, c->where());
   return c;
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclFamily> family, ncclComm_t comm, int rank,
                                    int size, const CommOptions& options)
-    : family_(std::move(family)),
+    : Communicator(options, Membership{rank, size, family->world_rank}, NcclCapabilities()),
+      family_(std::move(family)),
       api_(*family_->api),
-      rank_(rank),
-      size_(size),
-      options_(options),
       comm_(comm) {
   TrackerHooks hooks;
   hooks.query_event = [](void* event) -> absl::StatusOr<bool> {
@@ -163,8 +188,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<NcclFamily> family, ncclComm_
   hooks.on_failure = [weak = std::weak_ptr<NcclFamily>(family_)](const absl::Status&) {
     if (std::shared_ptr<NcclFamily> family = weak.lock()) family->failed = true;
   };
-  comm_internal::GroupInfo g{options_.name, rank_, size_, family_->world_rank};
-  tracker_ = std::make_shared<CommTracker>(DescribeGroup(g), std::move(hooks));
+  tracker_ = std::make_shared<CommTracker>(where(), std::move(hooks));
   family_->watchdog->Add(tracker_);
 }
 
@@ -179,7 +203,7 @@ void NcclCommunicator::Release() {
     if (!abort) {
       // Finalize flushes what is in flight; it may wait on peers, so it has
       // the communicator's timeout, after which the communicator is aborted.
-      const absl::Time deadline = absl::Now() + options_.timeout;
+      const absl::Time deadline = absl::Now() + timeout();
       ncclResult_t rc = api_.CommFinalize(comm_);
       absl::Status s = rc == ncclInProgress || rc == ncclSuccess
                            ? WaitNcclReady(api_, comm_, deadline, "ncclCommFinalize")
@@ -200,26 +224,16 @@ void NcclCommunicator::Release() {
   stream_ = nullptr;
 }
 
-comm_internal::GroupInfo NcclCommunicator::Group() const {
-  return comm_internal::GroupInfo{options_.name, rank_, size_, family_->world_rank};
-}
-
 std::string NcclCommunicator::LibraryDescription() const {
   return absl::StrCat("NCCL ", api_.version.ToString(), " (", api_.path, ")");
 }
 
 absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Launch(
-    const std::string& what, const OpOptions& options,
+    const ResolvedOptions& options,
     const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue) {
-  const std::string description = absl::StrCat(what, " on ", DescribeGroup(Group()));
-  if (options.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        description, ": timeout ", absl::FormatDuration(options.timeout), " is negative"));
-  }
+  const std::string& description = options.description;
   STRATA_RETURN_IF_ERROR(tracker_->health().CheckUsable(description));
-  const absl::Duration timeout =
-      options.timeout == absl::ZeroDuration() ? options_.timeout : options.timeout;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = options.deadline;
   cudaStream_t stream = options.stream ? static_cast<cudaStream_t>(options.stream) : stream_;
 
   std::lock_guard<std::mutex> lock(mu_);
@@ -247,7 +261,7 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Launch(
     tracker_->Fail(s);
     return s;
   }
-  auto op = std::make_shared<PendingOp>(description, deadline);
+  auto op = std::make_shared<PendingOp>(description, deadline, options.trace);
   tracker_->Add(op, event);
   std::weak_ptr<CommTracker> weak = tracker_;
   return std::unique_ptr<Work>(new PendingWork(op, [weak] {
@@ -258,107 +272,115 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Launch(
   }));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllReduce(ConstBuffer send, Buffer recv,
-                                                                  ReduceOp op,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllReduce(Group(), send, recv, op, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoAllReduce(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "allreduce", "send buffer", send.data, send.count));
+      CheckDeviceMemory(options.description, "send buffer", send.data, send.count));
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "allreduce", "receive buffer", recv.data, recv.count));
+      CheckDeviceMemory(options.description, "receive buffer", recv.data, recv.count));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(recv.dtype));
-  return Launch(DescribeOp("allreduce", ReduceOpName(op), recv), options,
-                [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.AllReduce(send.data, recv.data, recv.count, type, ToNcclOp(op), c, s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.AllReduce(send.data, recv.data, recv.count, type, ToNcclOp(op), c, s);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Broadcast(Buffer buffer, int root,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateBroadcast(Group(), buffer, root, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoBroadcast(
+    Buffer buffer, int root, const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "broadcast", "buffer", buffer.data, buffer.count));
+      CheckDeviceMemory(options.description, "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
-  return Launch(DescribeOp("broadcast", absl::StrCat("root ", root), buffer), options,
-                [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.Broadcast(buffer.data, buffer.data, m.count, m.type, root, c, s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.Broadcast(buffer.data, buffer.data, m.count, m.type, root, c, s);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Reduce(ConstBuffer send, Buffer recv,
-                                                               ReduceOp op, int root,
-                                                               const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateReduce(Group(), send, recv, op, root, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoReduce(ConstBuffer send, Buffer recv,
+                                                                 ReduceOp op, int root,
+                                                                 const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "reduce", "send buffer", send.data, send.count));
-  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "reduce", "receive buffer", recv.data,
-                                           rank_ == root ? recv.count : 0));
+      CheckDeviceMemory(options.description, "send buffer", send.data, send.count));
+  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(options.description, "receive buffer", recv.data,
+                                           rank() == root ? recv.count : 0));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(send.dtype));
-  return Launch(DescribeOp("reduce", absl::StrCat(ReduceOpName(op), ", root ", root), send),
-                options, [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.Reduce(send.data, recv.data, send.count, type, ToNcclOp(op), root, c,
-                                     s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.Reduce(send.data, recv.data, send.count, type, ToNcclOp(op), root, c, s);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllGather(ConstBuffer send, Buffer recv,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllGather(Group(), send, recv, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoAllGather(
+    ConstBuffer send, Buffer recv, const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "allgather", "send buffer", send.data, send.count));
+      CheckDeviceMemory(options.description, "send buffer", send.data, send.count));
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "allgather", "receive buffer", recv.data, recv.count));
+      CheckDeviceMemory(options.description, "receive buffer", recv.data, recv.count));
   const Moved m = MoveAs(send.dtype, send.count);
-  return Launch(DescribeOp("allgather", "", send), options, [&](ncclComm_t c, cudaStream_t s) {
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
     return api_.AllGather(send.data, recv.data, m.count, m.type, c, s);
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::ReduceScatter(ConstBuffer send, Buffer recv,
-                                                                      ReduceOp op,
-                                                                      const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateReduceScatter(Group(), send, recv, op, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoReduceScatter(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "reduce_scatter", "send buffer", send.data, send.count));
+      CheckDeviceMemory(options.description, "send buffer", send.data, send.count));
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "reduce_scatter", "receive buffer", recv.data, recv.count));
+      CheckDeviceMemory(options.description, "receive buffer", recv.data, recv.count));
   STRATA_ASSIGN_OR_RETURN(ncclDataType_t type, ToNcclType(recv.dtype));
-  return Launch(DescribeOp("reduce_scatter", ReduceOpName(op), recv), options,
-                [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.ReduceScatter(send.data, recv.data, recv.count, type, ToNcclOp(op), c,
-                                            s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.ReduceScatter(send.data, recv.data, recv.count, type, ToNcclOp(op), c, s);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllToAll(ConstBuffer send, Buffer recv,
-                                                                 const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAll(Group(), send, recv, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoAllToAll(ConstBuffer send, Buffer recv,
+                                                                   const ResolvedOptions& options) {
   AllToAllCounts counts;
-  counts.send_counts.assign(static_cast<size_t>(size_), send.count / static_cast<size_t>(size_));
+  counts.send_counts.assign(static_cast<size_t>(size()), send.count / static_cast<size_t>(size()));
   counts.recv_counts = counts.send_counts;
-  return AllToAllV(send, recv, counts, options);
+  return LaunchAllToAll(send, recv, counts, options);
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
-                                                                  const AllToAllCounts& counts,
-                                                                  const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateAllToAllV(Group(), send, recv, counts, kCaps));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoAllToAllV(
+    ConstBuffer send, Buffer recv, const AllToAllCounts& counts, const ResolvedOptions& options) {
+  return LaunchAllToAll(send, recv, counts, options);
+}
+
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::LaunchAllToAll(
+    ConstBuffer send, Buffer recv, const AllToAllCounts& counts, const ResolvedOptions& options) {
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "alltoall", "send buffer", send.data, send.count));
+      CheckDeviceMemory(options.description, "send buffer", send.data, send.count));
   STRATA_RETURN_IF_ERROR(
-      CheckDeviceMemory(Group(), "alltoall", "receive buffer", recv.data, recv.count));
+      CheckDeviceMemory(options.description, "receive buffer", recv.data, recv.count));
   // NCCL's all-to-all is a group of sends and receives, one pair per peer.
-  return Launch(DescribeOp("alltoall", "", send), options, [&](ncclComm_t c, cudaStream_t s) {
+  // In place, a receive could overwrite a block before it is sent: the
+  // sends then read a copy made on the stream first, freed on the stream
+  // after them.
+  const int n = size();
+  const bool in_place = send.data == recv.data && send.count != 0;
+  const size_t bytes = send.count * DataTypeSize(send.dtype);
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    const void* source = send.data;
+    void* staged = nullptr;
+    if (in_place) {
+      if (cudaMallocAsync(&staged, bytes, s) != cudaSuccess ||
+          cudaMemcpyAsync(staged, send.data, bytes, cudaMemcpyDeviceToDevice, s) != cudaSuccess) {
+        if (staged != nullptr) cudaFreeAsync(staged, s);
+        return ncclUnhandledCudaError;
+      }
+      source = staged;
+    }
     ncclResult_t rc = api_.GroupStart();
-    if (rc != ncclSuccess) return rc;
+    if (rc != ncclSuccess) {
+      if (staged != nullptr) cudaFreeAsync(staged, s);
+      return rc;
+    }
     size_t send_offset = 0;
     size_t recv_offset = 0;
-    for (int peer = 0; peer < size_; ++peer) {
+    for (int peer = 0; peer < n; ++peer) {
       const size_t p = static_cast<size_t>(peer);
       const Moved out = MoveAs(send.dtype, counts.send_counts[p]);
       const Moved in = MoveAs(recv.dtype, counts.recv_counts[p]);
       if (out.count > 0) {
-        rc = api_.Send(At(send.data, send_offset, send.dtype), out.count, out.type, peer, c, s);
+        rc = api_.Send(At(source, send_offset, send.dtype), out.count, out.type, peer, c, s);
         if (rc != ncclSuccess && rc != ncclInProgress) break;
       }
       if (in.count > 0) {
@@ -369,40 +391,39 @@ absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::AllToAllV(ConstBuffer se
       recv_offset += counts.recv_counts[p];
     }
     ncclResult_t end = api_.GroupEnd();
+    if (staged != nullptr) cudaFreeAsync(staged, s);  // after the group, in stream order
     return rc != ncclSuccess && rc != ncclInProgress ? rc : end;
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Barrier(const OpOptions& options) {
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoBarrier(const ResolvedOptions& options) {
   // NCCL has no barrier: a one-element allreduce orders every rank's stream.
-  return Launch(DescribeOp("barrier", ""), options, [&](ncclComm_t c, cudaStream_t s) {
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
     return api_.AllReduce(barrier_buffer_, barrier_buffer_, 1, ncclFloat32, ncclSum, c, s);
   });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Send(ConstBuffer buffer, int peer,
-                                                             const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidatePeer(Group(), "send", buffer, peer, kCaps));
-  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "send", "buffer", buffer.data, buffer.count));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoSend(ConstBuffer buffer, int peer,
+                                                               const ResolvedOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(options.description, "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
-  return Launch(DescribeOp("send", absl::StrCat("to ", peer), buffer), options,
-                [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.Send(buffer.data, m.count, m.type, peer, c, s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.Send(buffer.data, m.count, m.type, peer, c, s);
+  });
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::Recv(Buffer buffer, int peer,
-                                                             const OpOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidatePeer(Group(), "recv", buffer, peer, kCaps));
-  STRATA_RETURN_IF_ERROR(CheckDeviceMemory(Group(), "recv", "buffer", buffer.data, buffer.count));
+absl::StatusOr<std::unique_ptr<Work>> NcclCommunicator::DoRecv(Buffer buffer, int peer,
+                                                               const ResolvedOptions& options) {
+  STRATA_RETURN_IF_ERROR(
+      CheckDeviceMemory(options.description, "buffer", buffer.data, buffer.count));
   const Moved m = MoveAs(buffer.dtype, buffer.count);
-  return Launch(DescribeOp("recv", absl::StrCat("from ", peer), buffer), options,
-                [&](ncclComm_t c, cudaStream_t s) {
-                  return api_.Recv(buffer.data, m.count, m.type, peer, c, s);
-                });
+  return Launch(options, [&](ncclComm_t c, cudaStream_t s) {
+    return api_.Recv(buffer.data, m.count, m.type, peer, c, s);
+  });
 }
 
-absl::Status NcclCommunicator::AsyncError() {
+absl::Status NcclCommunicator::DoAsyncError() {
   absl::Status found = tracker_->Check(absl::Now());
   if (!found.ok()) ReportFailureToStderr(found);  // logged once, whoever finds it
   return tracker_->health().Health();

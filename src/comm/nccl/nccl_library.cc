@@ -120,8 +120,10 @@ absl::StatusOr<const NcclApi*> NcclApi::Load(const std::string& library) {
     }
     return loaded;
   }
-  absl::StatusOr<LibraryChoice> choice = ChooseNcclLibrary(
-      MappedNcclLibraries(/*with_linkers=*/true), RequestFromEnvironment(library), &RealPath);
+  absl::StatusOr<LibraryRequest> request = RequestFromEnvironment(library);
+  if (!request.ok()) return request.status();
+  absl::StatusOr<LibraryChoice> choice =
+      ChooseNcclLibrary(MappedNcclLibraries(/*with_linkers=*/true), *request, &RealPath);
   if (!choice.ok()) return choice.status();
   absl::StatusOr<std::unique_ptr<NcclApi>> api = Open(*choice);
   if (!api.ok()) return api.status();

@@ -8,8 +8,6 @@
 
 namespace strata::nccl {
 
-using comm_internal::DescribeGroup;
-
 NcclConfig NcclCommunicator::ChildConfig(const CommOptions& options) const {
   ConfigOptions config;
   config.nonblocking = true;
@@ -19,8 +17,10 @@ NcclConfig NcclCommunicator::ChildConfig(const CommOptions& options) const {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::AdoptChild(
-    ncclResult_t started, ncclComm_t child, const CommOptions& options, absl::string_view what) {
-  const absl::Time deadline = absl::Now() + options.timeout;
+    ncclResult_t started, ncclComm_t child, const CommOptions& options,
+    const ResolvedOptions& resolved) {
+  const absl::Time deadline = resolved.deadline;
+  const std::string& what = resolved.description;
   absl::Status s;
   if (started != ncclSuccess && started != ncclInProgress) {
     s = NcclError(api_, started, what, comm_);
@@ -49,11 +49,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::AdoptChild(
   return std::unique_ptr<Communicator>(std::move(c));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color, int key,
-                                                                      const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
-  const std::string what = absl::StrCat("split(color ", color, ", key ", key, ") into '",
-                                        options.name, "' of ", DescribeGroup(Group()));
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoSplit(
+    int color, int key, const CommOptions& options, const ResolvedOptions& resolved) {
+  const std::string& what = resolved.description;
   STRATA_RETURN_IF_ERROR(tracker_->health().CheckUsable(what));
   std::lock_guard<std::mutex> lock(mu_);
   if (comm_ == nullptr) {
@@ -64,15 +62,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(int color,
   ncclComm_t child = nullptr;
   const ncclResult_t rc =
       api_.CommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, config.get());
-  return AdoptChild(rc, child, options, what);
+  return AdoptChild(rc, child, options, resolved);
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
-    absl::Span<const int> excluded, const CommOptions& options) {
-  STRATA_RETURN_IF_ERROR(comm_internal::CheckCommOptions(options));
-  STRATA_RETURN_IF_ERROR(comm_internal::ValidateExcluded(Group(), excluded));
-  const std::string what = absl::StrCat("shrink of ", DescribeGroup(Group()), " (excluding ",
-                                        excluded.size(), " ranks) into '", options.name, "'");
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::DoShrink(
+    const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& resolved) {
+  const std::string& what = resolved.description;
   STRATA_RETURN_IF_ERROR_CTX(CheckFeature("ncclCommShrink", kShrinkSince, api_.version,
                                           api_.CommShrink != nullptr, api_.path),
                              what);
@@ -90,17 +85,17 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   // A revoked communicator is quiescent (NCCL's revoke waits for that), so
   // the plain shrink applies to it.
   const bool failed = !revoked_.load() && (!tracker_->health().healthy() || family_->failed.load());
-  std::vector<int> ranks(excluded.begin(), excluded.end());
+  std::vector<int> ranks = plan.excluded;  // NCCL takes a non-const list
   NcclConfig config = ChildConfig(options);
   ncclComm_t child = nullptr;
   const ncclResult_t rc =
       api_.CommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child, config.get(),
                       failed ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
   if (failed) family_->failed = true;
-  return AdoptChild(rc, child, options, what);
+  return AdoptChild(rc, child, options, resolved);
 }
 
-absl::Status NcclCommunicator::Abort() {
+absl::Status NcclCommunicator::DoAbort() {
   aborting_ = true;  // ends a launch that is waiting on NCCL
   tracker_->AbortPending();
   family_->failed = true;
@@ -109,11 +104,11 @@ absl::Status NcclCommunicator::Abort() {
   DeviceGuard device(family_->device);
   const ncclResult_t rc = api_.CommAbort(comm_);
   comm_ = nullptr;
-  return NcclError(api_, rc, absl::StrCat("ncclCommAbort on ", DescribeGroup(Group())));
+  return NcclError(api_, rc, absl::StrCat("ncclCommAbort on ", where()));
 }
 
-absl::Status NcclCommunicator::Revoke() {
-  const std::string what = absl::StrCat("revoke of ", DescribeGroup(Group()));
+absl::Status NcclCommunicator::DoRevoke() {
+  const std::string what = absl::StrCat("revoke of ", where());
   STRATA_RETURN_IF_ERROR_CTX(CheckFeature("ncclCommRevoke", kRevokeSince, api_.version,
                                           api_.CommRevoke != nullptr, api_.path),
                              what);
@@ -124,15 +119,14 @@ absl::Status NcclCommunicator::Revoke() {
     return absl::FailedPreconditionError(absl::StrCat(what, ": the communicator was aborted"));
   }
   DeviceGuard device(family_->device);
-  const absl::Status revoked =
-      absl::AbortedError(absl::StrCat(DescribeGroup(Group()), ": revoked by this rank"));
+  const absl::Status revoked = absl::AbortedError(absl::StrCat(where(), ": revoked by this rank"));
   tracker_->Fail(revoked);  // Aborted marks the communicator revoked
   family_->failed = true;   // released with abort (finalize after revoke is invalid)
   ncclResult_t rc = api_.CommRevoke(comm_, NCCL_REVOKE_DEFAULT);
   if (rc != ncclSuccess && rc != ncclInProgress) return NcclError(api_, rc, what, comm_);
   // Revoke stops in-flight operations; the communicator is quiescent (and
   // may be shrunk) once NCCL reports success.
-  STRATA_RETURN_IF_ERROR(WaitNcclReady(api_, comm_, absl::Now() + options_.timeout, what));
+  STRATA_RETURN_IF_ERROR(WaitNcclReady(api_, comm_, absl::Now() + timeout(), what));
   revoked_ = true;
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "strata/base/status.h"
 
 namespace strata::nccl {
 
@@ -103,7 +104,8 @@ void CommTracker::Fail(const absl::Status& status) {
 void CommTracker::AbortPending() {
   std::lock_guard<std::mutex> lock(mu_);
   health_.SetAborted();
-  FailPendingLocked(absl::AbortedError(absl::StrCat(health_.where(), ": aborted")));
+  FailPendingLocked(absl::AbortedError(
+      absl::StrCat(health_.where(), ": the communicator was aborted by this rank")));
 }
 
 void CommTracker::FailPendingLocked(const absl::Status& status) {
@@ -131,10 +133,14 @@ void ReportFailureToStderr(const absl::Status& status) {
 }
 
 Watchdog::Watchdog(WatchdogOptions options) : options_(std::move(options)) {
+  STRATA_CHECK(options_.interval > absl::ZeroDuration(), "watchdog interval ",
+               absl::FormatDuration(options_.interval));
   if (options_.start_thread) thread_ = std::thread([this] { Loop(); });
 }
 
 Watchdog::~Watchdog() {
+  STRATA_CHECK(!thread_.joinable() || thread_.get_id() != std::this_thread::get_id(),
+               "the NCCL watchdog's thread dropped the last owner of its watchdog");
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -193,18 +199,6 @@ void Watchdog::Loop() {
     PollOnce();
     lock.lock();
   }
-}
-
-std::shared_ptr<Watchdog> Watchdog::Shared(absl::Duration interval) {
-  static std::mutex mu;
-  static std::weak_ptr<Watchdog>* current = new std::weak_ptr<Watchdog>();
-  std::lock_guard<std::mutex> lock(mu);
-  if (std::shared_ptr<Watchdog> w = current->lock()) return w;
-  WatchdogOptions options;
-  options.interval = interval;
-  auto w = std::make_shared<Watchdog>(std::move(options));
-  *current = w;
-  return w;
 }
 
 }  // namespace strata::nccl

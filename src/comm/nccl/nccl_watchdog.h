@@ -1,5 +1,7 @@
 // The NCCL backend's failure detection: each communicator's in-flight
-// operations (CommTracker) and the thread that polls them (Watchdog).
+// operations (CommTracker) and the thread that polls them (Watchdog). Each
+// root communicator's family owns one Watchdog (nccl_communicator.h), at
+// that root's interval; nothing is shared between roots.
 //
 // NCCL reports a lost peer or a network error only when asked
 // (ncclCommGetAsyncError), and a collective stuck on a dead peer never
@@ -106,6 +108,8 @@ class CommTracker {
 void ReportFailureToStderr(const absl::Status& status);
 
 struct WatchdogOptions {
+  // Positive (NcclOptions::watchdog_interval is checked before it gets
+  // here).
   absl::Duration interval = absl::Milliseconds(10);
   // The clock (tests inject a fake one); null: absl::Now.
   std::function<absl::Time()> now;
@@ -115,11 +119,13 @@ struct WatchdogOptions {
   bool start_thread = true;
 };
 
-// Polls every tracker added to it, on its own thread.
+// Polls every tracker added to it, on its own thread, which the Watchdog
+// owns and joins.
 class Watchdog {
  public:
   explicit Watchdog(WatchdogOptions options);
-  // Stops and joins the thread.
+  // Stops and joins the thread (never called on that thread: it holds no
+  // owner of the Watchdog).
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -129,11 +135,7 @@ class Watchdog {
   // One round over every tracker; returns the failures it reported.
   std::vector<absl::Status> PollOnce();
   size_t watched() const;
-
-  // The process's watchdog: one thread for every NCCL communicator in the
-  // process, alive while any communicator holds it (the first caller's
-  // interval applies until it is released).
-  static std::shared_ptr<Watchdog> Shared(absl::Duration interval);
+  absl::Duration interval() const { return options_.interval; }
 
  private:
   void Loop();

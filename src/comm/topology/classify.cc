@@ -1,10 +1,10 @@
-// Classify: the topology class of a machine (see nccl_profile.h).
+// Classify: the topology class of a machine (see strata/comm/topology.h).
 #include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "strata/comm/nccl_profile.h"
+#include "strata/comm/topology.h"
 
 namespace strata {
 namespace {

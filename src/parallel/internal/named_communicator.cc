@@ -48,13 +48,22 @@ class NamedWork final : public Work {
   const std::string to_;
 };
 
+CommOptions AliasOptions(const Communicator& base, std::string name) {
+  CommOptions options;
+  options.name = std::move(name);
+  options.timeout = base.timeout();
+  return options;  // no sink: the shared communicator records
+}
+
 }  // namespace
 
 NamedCommunicator::NamedCommunicator(std::shared_ptr<Communicator> base, std::string name)
-    : base_(std::move(base)),
-      name_(std::move(name)),
+    : Communicator(AliasOptions(*base, std::move(name)),
+                   Membership{base->rank(), base->size(), base->world_rank()},
+                   base->capabilities()),
+      base_(std::move(base)),
       from_(Where(*base_, base_->name())),
-      to_(Where(*base_, name_)) {}
+      to_(Where(*base_, this->name())) {}
 
 absl::Status NamedCommunicator::Rename(const absl::Status& status) const {
   return Replace(status, from_, to_);
@@ -64,83 +73,87 @@ std::string NamedCommunicator::Rename(const std::string& text) const {
   return absl::StrReplaceAll(text, {{from_, to_}});
 }
 
+OpOptions NamedCommunicator::Forward(const ResolvedOptions& resolved) {
+  OpOptions options;
+  options.timeout = resolved.timeout;
+  options.stream = resolved.stream;
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Wrap(
     absl::StatusOr<std::unique_ptr<Work>> work) const {
   if (!work.ok()) return Rename(work.status());
   return std::unique_ptr<Work>(std::make_unique<NamedWork>(std::move(work).value(), from_, to_));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::AllReduce(ConstBuffer send, Buffer recv,
-                                                                   ReduceOp op,
-                                                                   const OpOptions& options) {
-  return Wrap(base_->AllReduce(send, recv, op, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoAllReduce(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
+  return Wrap(base_->AllReduce(send, recv, op, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Broadcast(Buffer buffer, int root,
-                                                                   const OpOptions& options) {
-  return Wrap(base_->Broadcast(buffer, root, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoBroadcast(
+    Buffer buffer, int root, const ResolvedOptions& options) {
+  return Wrap(base_->Broadcast(buffer, root, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Reduce(ConstBuffer send, Buffer recv,
-                                                                ReduceOp op, int root,
-                                                                const OpOptions& options) {
-  return Wrap(base_->Reduce(send, recv, op, root, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoReduce(ConstBuffer send, Buffer recv,
+                                                                  ReduceOp op, int root,
+                                                                  const ResolvedOptions& options) {
+  return Wrap(base_->Reduce(send, recv, op, root, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::AllGather(ConstBuffer send, Buffer recv,
-                                                                   const OpOptions& options) {
-  return Wrap(base_->AllGather(send, recv, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoAllGather(
+    ConstBuffer send, Buffer recv, const ResolvedOptions& options) {
+  return Wrap(base_->AllGather(send, recv, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::ReduceScatter(ConstBuffer send,
-                                                                       Buffer recv, ReduceOp op,
-                                                                       const OpOptions& options) {
-  return Wrap(base_->ReduceScatter(send, recv, op, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoReduceScatter(
+    ConstBuffer send, Buffer recv, ReduceOp op, const ResolvedOptions& options) {
+  return Wrap(base_->ReduceScatter(send, recv, op, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::AllToAll(ConstBuffer send, Buffer recv,
-                                                                  const OpOptions& options) {
-  return Wrap(base_->AllToAll(send, recv, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoAllToAll(
+    ConstBuffer send, Buffer recv, const ResolvedOptions& options) {
+  return Wrap(base_->AllToAll(send, recv, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::AllToAllV(ConstBuffer send, Buffer recv,
-                                                                   const AllToAllCounts& counts,
-                                                                   const OpOptions& options) {
-  return Wrap(base_->AllToAllV(send, recv, counts, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoAllToAllV(
+    ConstBuffer send, Buffer recv, const AllToAllCounts& counts, const ResolvedOptions& options) {
+  return Wrap(base_->AllToAllV(send, recv, counts, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Barrier(const OpOptions& options) {
-  return Wrap(base_->Barrier(options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoBarrier(const ResolvedOptions& options) {
+  return Wrap(base_->Barrier(Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Send(ConstBuffer buffer, int peer,
-                                                              const OpOptions& options) {
-  return Wrap(base_->Send(buffer, peer, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoSend(ConstBuffer buffer, int peer,
+                                                                const ResolvedOptions& options) {
+  return Wrap(base_->Send(buffer, peer, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::Recv(Buffer buffer, int peer,
-                                                              const OpOptions& options) {
-  return Wrap(base_->Recv(buffer, peer, options));
+absl::StatusOr<std::unique_ptr<Work>> NamedCommunicator::DoRecv(Buffer buffer, int peer,
+                                                                const ResolvedOptions& options) {
+  return Wrap(base_->Recv(buffer, peer, Forward(options)));
 }
 
-absl::StatusOr<std::unique_ptr<Communicator>> NamedCommunicator::Split(int color, int key,
-                                                                       const CommOptions& options) {
+absl::StatusOr<std::unique_ptr<Communicator>> NamedCommunicator::DoSplit(
+    int color, int key, const CommOptions& options, const ResolvedOptions& /*resolved*/) {
   absl::StatusOr<std::unique_ptr<Communicator>> made = base_->Split(color, key, options);
   if (!made.ok()) return Rename(made.status());
   return made;
 }
 
-absl::Status NamedCommunicator::Abort() { return Rename(base_->Abort()); }
-
-absl::Status NamedCommunicator::Revoke() { return Rename(base_->Revoke()); }
-
-absl::StatusOr<std::unique_ptr<Communicator>> NamedCommunicator::Shrink(
-    absl::Span<const int> excluded, const CommOptions& options) {
-  absl::StatusOr<std::unique_ptr<Communicator>> made = base_->Shrink(excluded, options);
+absl::StatusOr<std::unique_ptr<Communicator>> NamedCommunicator::DoShrink(
+    const ShrinkPlan& plan, const CommOptions& options, const ResolvedOptions& /*resolved*/) {
+  absl::StatusOr<std::unique_ptr<Communicator>> made = base_->Shrink(plan.excluded, options);
   if (!made.ok()) return Rename(made.status());
   return made;
 }
 
-absl::Status NamedCommunicator::AsyncError() { return Rename(base_->AsyncError()); }
+absl::Status NamedCommunicator::DoAbort() { return Rename(base_->Abort()); }
+
+absl::Status NamedCommunicator::DoRevoke() { return Rename(base_->Revoke()); }
+
+absl::Status NamedCommunicator::DoAsyncError() { return Rename(base_->AsyncError()); }
 
 }  // namespace strata::internal

@@ -26,48 +26,51 @@ class NamedCommunicator final : public Communicator {
   absl::Status Rename(const absl::Status& status) const;
   std::string Rename(const std::string& text) const;
 
-  int rank() const override { return base_->rank(); }
-  int size() const override { return base_->size(); }
-  const std::string& name() const override { return name_; }
-  int world_rank() const override { return base_->world_rank(); }
   absl::string_view backend() const override { return base_->backend(); }
   std::string transport() const override { return base_->transport(); }
   MemoryKind memory() const override { return base_->memory(); }
   bool progresses_independently() const override { return base_->progresses_independently(); }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer send, Buffer recv, ReduceOp op, int root,
-                                               const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                      const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer send, Buffer recv,
-                                                 const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer send, Buffer recv,
-                                                  const AllToAllCounts& counts,
-                                                  const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer buffer, int peer,
-                                             const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer buffer, int peer,
-                                             const OpOptions& options) override;
-  absl::StatusOr<std::unique_ptr<Communicator>> Split(int color, int key,
-                                                      const CommOptions& options) override;
-  absl::Status Abort() override;
-  absl::Status Revoke() override;
-  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> excluded,
-                                                       const CommOptions& options) override;
-  absl::Status AsyncError() override;
+ protected:
+  // Each hook calls the shared communicator's public operation with the
+  // resolved time limit and stream (the shared communicator checks and
+  // records it again; this one records nothing: its options name no sink,
+  // so an operation is recorded once, under the shared group's name).
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer buffer, int root,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                 int root, const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllGather(ConstBuffer send, Buffer recv,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                        const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer send, Buffer recv,
+                                                   const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(ConstBuffer send, Buffer recv,
+                                                    const AllToAllCounts& counts,
+                                                    const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer buffer, int peer,
+                                               const ResolvedOptions& options) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(int color, int key,
+                                                        const CommOptions& options,
+                                                        const ResolvedOptions& resolved) override;
+  absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(const ShrinkPlan& plan,
+                                                         const CommOptions& options,
+                                                         const ResolvedOptions& resolved) override;
+  absl::Status DoAbort() override;
+  absl::Status DoRevoke() override;
+  absl::Status DoAsyncError() override;
 
  private:
+  static OpOptions Forward(const ResolvedOptions& resolved);
   absl::StatusOr<std::unique_ptr<Work>> Wrap(absl::StatusOr<std::unique_ptr<Work>> work) const;
 
   const std::shared_ptr<Communicator> base_;
-  const std::string name_;
   // "group dp (rank " and "group dp-cp (rank ": what messages say, and
   // what they should say.
   const std::string from_;

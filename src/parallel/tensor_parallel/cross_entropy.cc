@@ -30,17 +30,25 @@ const float* RowAsFloat(const ConstMatrixRef& m, int64_t r, std::vector<float>& 
 }  // namespace
 
 VocabParallelCrossEntropy::VocabParallelCrossEntropy(const CrossEntropyOptions& options,
-                                                     Communicator& group)
+                                                     GroupHandle group, const Communicator& comm)
     : options_(options),
-      group_(group),
-      local_(options.vocab_size / group.size()),
-      start_(local_ * group.rank()),
+      group_(std::move(group)),
+      size_(comm.size()),
+      local_(options.vocab_size / comm.size()),
+      start_(local_ * comm.rank()),
       kernels_(tp_internal::MakeCpuKernels()) {}
 
 VocabParallelCrossEntropy::~VocabParallelCrossEntropy() = default;
 
 absl::StatusOr<std::unique_ptr<VocabParallelCrossEntropy>> VocabParallelCrossEntropy::Create(
-    const CrossEntropyOptions& o, Communicator& group) {
+    const CrossEntropyOptions& o, const GroupHandle& handle) {
+  // The vocabulary is split for this rank and size: refuse a rebuild that
+  // changes them.
+  absl::StatusOr<GroupHandle> pinned = handle.Pin("vocab-parallel cross-entropy");
+  if (!pinned.ok()) return internal::Annotate(pinned.status(), kLayer);
+  absl::StatusOr<Communicator*> resolved = pinned->Resolve();
+  if (!resolved.ok()) return internal::Annotate(resolved.status(), kLayer);
+  const Communicator& group = **resolved;
   if (o.vocab_size <= 0 || o.vocab_size % group.size() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "VocabParallelCrossEntropy: vocab_size ", o.vocab_size,
@@ -66,7 +74,8 @@ absl::StatusOr<std::unique_ptr<VocabParallelCrossEntropy>> VocabParallelCrossEnt
     return absl::InvalidArgumentError(absl::StrCat(
         "VocabParallelCrossEntropy: group ", group.name(), " does not communicate host memory"));
   }
-  return std::unique_ptr<VocabParallelCrossEntropy>(new VocabParallelCrossEntropy(o, group));
+  return std::unique_ptr<VocabParallelCrossEntropy>(
+      new VocabParallelCrossEntropy(o, *std::move(pinned), group));
 }
 
 absl::Status VocabParallelCrossEntropy::CheckLogits(const ConstMatrixRef& m,
@@ -75,7 +84,7 @@ absl::Status VocabParallelCrossEntropy::CheckLogits(const ConstMatrixRef& m,
     return absl::InvalidArgumentError(
         absl::StrCat(kLayer, ": ", which, " is ", DescribeShape(m.rows, m.cols, m.dtype),
                      ", expected [tokens, ", local_, "] ", DataTypeName(options_.dtype),
-                     " (vocab_size ", options_.vocab_size, " / ", group_.size(), " ranks)"));
+                     " (vocab_size ", options_.vocab_size, " / ", size_, " ranks)"));
   }
   if (m.data == nullptr && m.rows > 0) {
     return absl::InvalidArgumentError(absl::StrCat(kLayer, ": ", which, " has no data"));
@@ -105,7 +114,9 @@ absl::Status VocabParallelCrossEntropy::Forward(const CrossEntropyForward& a) {
   if (n > 0 && (a.loss == nullptr || a.log_sum_exp == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat(kLayer, ": loss and log_sum_exp are required"));
   }
-  tp_internal::CommContext ctx{&group_, kernels_.get(), options_.timeout, kLayer};
+  absl::StatusOr<Communicator*> comm = group_.Resolve();
+  if (!comm.ok()) return internal::Annotate(comm.status(), kLayer);
+  tp_internal::CommContext ctx{*comm, kernels_.get(), options_.timeout, kLayer};
   max_.assign(n, -std::numeric_limits<float>::infinity());
   for (int64_t r = 0; r < n; ++r) {
     const float* z = RowAsFloat(a.logits, r, row_);

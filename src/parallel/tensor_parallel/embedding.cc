@@ -30,17 +30,26 @@ absl::Status CheckView(const char* which, const ConstMatrixRef& m, int64_t rows,
 
 }  // namespace
 
-VocabParallelEmbedding::VocabParallelEmbedding(const EmbeddingOptions& options, Communicator& group)
+VocabParallelEmbedding::VocabParallelEmbedding(const EmbeddingOptions& options, GroupHandle group,
+                                               const Communicator& comm)
     : options_(options),
-      group_(group),
-      local_(options.num_embeddings / group.size()),
-      start_(local_ * group.rank()),
+      group_(std::move(group)),
+      size_(comm.size()),
+      local_(options.num_embeddings / comm.size()),
+      start_(local_ * comm.rank()),
       kernels_(tp_internal::MakeCpuKernels()) {}
 
 VocabParallelEmbedding::~VocabParallelEmbedding() = default;
 
 absl::StatusOr<std::unique_ptr<VocabParallelEmbedding>> VocabParallelEmbedding::Create(
-    const EmbeddingOptions& o, Communicator& group) {
+    const EmbeddingOptions& o, const GroupHandle& handle) {
+  // The table is sharded for this rank and size: refuse a rebuild that
+  // changes them.
+  absl::StatusOr<GroupHandle> pinned = handle.Pin("vocab-parallel embedding");
+  if (!pinned.ok()) return internal::Annotate(pinned.status(), kLayer);
+  absl::StatusOr<Communicator*> resolved = pinned->Resolve();
+  if (!resolved.ok()) return internal::Annotate(resolved.status(), kLayer);
+  const Communicator& group = **resolved;
   if (o.num_embeddings <= 0 || o.embedding_dim <= 0 || o.embedding_dim > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("VocabParallelEmbedding: num_embeddings ",
                                                    o.num_embeddings, " and embedding_dim ",
@@ -68,7 +77,8 @@ absl::StatusOr<std::unique_ptr<VocabParallelEmbedding>> VocabParallelEmbedding::
     return absl::InvalidArgumentError(absl::StrCat("VocabParallelEmbedding: group ", group.name(),
                                                    " does not communicate host memory"));
   }
-  return std::unique_ptr<VocabParallelEmbedding>(new VocabParallelEmbedding(o, group));
+  return std::unique_ptr<VocabParallelEmbedding>(
+      new VocabParallelEmbedding(o, *std::move(pinned), group));
 }
 
 absl::Status VocabParallelEmbedding::CheckIds(const int64_t* ids, int64_t n) const {
@@ -86,7 +96,7 @@ absl::Status VocabParallelEmbedding::CheckIds(const int64_t* ids, int64_t n) con
 }
 
 absl::Status VocabParallelEmbedding::CheckRows(int64_t num_ids, int64_t* out_rows) const {
-  const int size = group_.size();
+  const int size = size_;
   if (options_.sequence_parallel && num_ids % size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(kLayer, ": ", num_ids, " tokens are not divisible by the size ", size,
@@ -120,7 +130,9 @@ absl::Status VocabParallelEmbedding::Forward(const EmbeddingForward& a) {
       std::memset(out + i * row_bytes, 0, row_bytes);
     }
   }
-  tp_internal::CommContext ctx{&group_, kernels_.get(), options_.timeout, kLayer};
+  absl::StatusOr<Communicator*> comm = group_.Resolve();
+  if (!comm.ok()) return internal::Annotate(comm.status(), kLayer);
+  tp_internal::CommContext ctx{*comm, kernels_.get(), options_.timeout, kLayer};
   if (options_.sequence_parallel) {
     STRATA_ASSIGN_OR_RETURN(
         tp_internal::Pending p,
@@ -145,7 +157,9 @@ absl::Status VocabParallelEmbedding::Backward(const EmbeddingBackward& a) {
   if (options_.sequence_parallel) {
     scratch_.resize(a.num_ids * dim * DataTypeSize(options_.dtype));
     MatrixRef full{scratch_.data(), a.num_ids, dim, options_.dtype};
-    tp_internal::CommContext ctx{&group_, kernels_.get(), options_.timeout, kLayer};
+    absl::StatusOr<Communicator*> comm = group_.Resolve();
+    if (!comm.ok()) return internal::Annotate(comm.status(), kLayer);
+    tp_internal::CommContext ctx{*comm, kernels_.get(), options_.timeout, kLayer};
     STRATA_ASSIGN_OR_RETURN(tp_internal::Pending p,
                             tp_internal::AllGatherRows(ctx, a.grad_output, full,
                                                        "backward: all-gather of grad_output"));

@@ -38,17 +38,16 @@ const char* MemoryName(MemoryKind m) { return m == MemoryKind::kCuda ? "CUDA" : 
 
 }  // namespace
 
-LinearEngine::LinearEngine(LinearKind kind, const LinearOptions& options, Communicator& group,
-                           std::unique_ptr<Kernels> kernels)
+LinearEngine::LinearEngine(LinearKind kind, const LinearOptions& options, GroupHandle group,
+                           const Communicator& comm, std::unique_ptr<Kernels> kernels)
     : kind_(kind),
       options_(options),
-      group_(group),
-      size_(group.size()),
-      rank_(group.rank()),
+      group_(std::move(group)),
+      size_(comm.size()),
+      rank_(comm.rank()),
       local_((kind == LinearKind::kColumn ? options.out_features : options.in_features) /
-             group.size()),
+             comm.size()),
       kernels_(std::move(kernels)) {
-  ctx_.comm = &group_;
   ctx_.kernels = kernels_.get();
   ctx_.timeout = options_.timeout;
   ctx_.layer = name();
@@ -60,9 +59,17 @@ const char* LinearEngine::name() const {
 
 absl::StatusOr<std::unique_ptr<LinearEngine>> LinearEngine::Create(LinearKind kind,
                                                                    const LinearOptions& o,
-                                                                   Communicator& group) {
+                                                                   const GroupHandle& handle) {
   const bool column = kind == LinearKind::kColumn;
   const char* layer = column ? "ColumnParallelLinear" : "RowParallelLinear";
+  // The weights are sharded for this rank and size: the layer refuses a
+  // world rebuild that changes them.
+  absl::StatusOr<GroupHandle> pinned =
+      handle.Pin(column ? "column-parallel linear layer" : "row-parallel linear layer");
+  if (!pinned.ok()) return internal::Annotate(pinned.status(), layer);
+  absl::StatusOr<Communicator*> resolved = pinned->Resolve();
+  if (!resolved.ok()) return internal::Annotate(resolved.status(), layer);
+  const Communicator& group = **resolved;
   const int size = group.size();
   if (o.in_features <= 0 || o.out_features <= 0 || o.in_features > INT_MAX ||
       o.out_features > INT_MAX) {
@@ -117,7 +124,7 @@ absl::StatusOr<std::unique_ptr<LinearEngine>> LinearEngine::Create(LinearKind ki
   absl::StatusOr<std::unique_ptr<Kernels>> kernels = MakeKernels(o.memory);
   if (!kernels.ok()) return internal::Annotate(kernels.status(), layer);
   return std::unique_ptr<LinearEngine>(
-      new LinearEngine(kind, o, group, std::move(kernels).value()));
+      new LinearEngine(kind, o, *std::move(pinned), group, std::move(kernels).value()));
 }
 
 absl::StatusOr<LinearShapes> LinearEngine::Shapes(int64_t rows) const {
@@ -197,9 +204,17 @@ absl::StatusOr<MatrixRef> LinearEngine::ScratchMatrix(Slot slot, int64_t rows, i
   return MatrixRef{p, rows, cols, options_.dtype};
 }
 
+absl::Status LinearEngine::ResolveGroup() {
+  absl::StatusOr<Communicator*> comm = group_.Resolve();
+  if (!comm.ok()) return internal::Annotate(comm.status(), name());
+  ctx_.comm = *comm;
+  return absl::OkStatus();
+}
+
 absl::Status LinearEngine::Forward(const LinearForward& args) {
   LinearShapes s;
   STRATA_RETURN_IF_ERROR(CheckForward(args, &s));
+  STRATA_RETURN_IF_ERROR(ResolveGroup());
   kernels_->SetStream(args.stream);
   return kind_ == LinearKind::kColumn ? ColumnForward(args, s) : RowForward(args, s);
 }
@@ -207,6 +222,7 @@ absl::Status LinearEngine::Forward(const LinearForward& args) {
 absl::Status LinearEngine::Backward(const LinearBackward& args) {
   LinearShapes s;
   STRATA_RETURN_IF_ERROR(CheckBackward(args, &s));
+  STRATA_RETURN_IF_ERROR(ResolveGroup());
   kernels_->SetStream(args.stream);
   return kind_ == LinearKind::kColumn ? ColumnBackward(args, s) : RowBackward(args, s);
 }
@@ -220,7 +236,7 @@ ColumnParallelLinear::ColumnParallelLinear(std::unique_ptr<tp_internal::LinearEn
 ColumnParallelLinear::~ColumnParallelLinear() = default;
 
 absl::StatusOr<std::unique_ptr<ColumnParallelLinear>> ColumnParallelLinear::Create(
-    const LinearOptions& options, Communicator& group) {
+    const LinearOptions& options, const GroupHandle& group) {
   STRATA_ASSIGN_OR_RETURN(auto engine, tp_internal::LinearEngine::Create(
                                            tp_internal::LinearKind::kColumn, options, group));
   return std::unique_ptr<ColumnParallelLinear>(new ColumnParallelLinear(std::move(engine)));
@@ -240,7 +256,7 @@ RowParallelLinear::RowParallelLinear(std::unique_ptr<tp_internal::LinearEngine> 
 RowParallelLinear::~RowParallelLinear() = default;
 
 absl::StatusOr<std::unique_ptr<RowParallelLinear>> RowParallelLinear::Create(
-    const LinearOptions& options, Communicator& group) {
+    const LinearOptions& options, const GroupHandle& group) {
   STRATA_ASSIGN_OR_RETURN(auto engine, tp_internal::LinearEngine::Create(
                                            tp_internal::LinearKind::kRow, options, group));
   return std::unique_ptr<RowParallelLinear>(new RowParallelLinear(std::move(engine)));

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/internal/file_util.h"
 #include "checkpoint/internal/staging.h"
 #include "strata/checkpoint/checkpointer.h"
@@ -428,8 +429,11 @@ TEST(CheckpointTest, RejectsBadOptions) {
   o.chunk_bytes = 10;
   EXPECT_THAT(Checkpointer::Create(o).status().message(), HasSubstr("chunk_bytes 10"));
   o.chunk_bytes = 4096;
-  o.version = 2;
-  EXPECT_THAT(Checkpointer::Create(o).status().message(), HasSubstr("version 2"));
+  o.version = 1;  // Communicator pointers, not group handles
+  EXPECT_THAT(Checkpointer::Create(o).status().message(), HasSubstr("version 1"));
+  o.version = CheckpointOptions::kVersion + 1;
+  EXPECT_THAT(Checkpointer::Create(o).status().message(),
+              HasSubstr(absl::StrCat("version ", CheckpointOptions::kVersion + 1)));
 }
 
 TEST(CheckpointTest, DeviceTensorsNeedAGpu) {

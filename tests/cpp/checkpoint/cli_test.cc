@@ -46,7 +46,7 @@ class CliTest : public ::testing::Test {
       comms.push_back(hub->Endpoint(r));
       CheckpointOptions o;
       o.directory = dir_.path();
-      o.comm = comms.back().get();
+      o.group = GroupHandle::Fixed(comms.back().get());
       ckpts.push_back(std::move(*Checkpointer::Create(o)));
     }
     for (int r = 0; r < 2; ++r) {

@@ -2,8 +2,15 @@
 // one per "rank", each used by its own thread. Only what the checkpoint
 // agreement needs is implemented (AllReduce of int32/int64/uint8
 // min/max/sum, Broadcast of the same dtypes); the rest returns
-// Unimplemented. A collective completes when every rank
-// has issued its n-th collective; Wait() honours its deadline.
+// Unimplemented. It implements Communicator's hooks, so misuse is rejected
+// by Communicator's own checks, with the real backends' messages, and it
+// declares the three dtypes as all it can move and reduce. A collective
+// completes when every rank has issued its n-th collective; Wait() honours
+// its deadline and the operation's timeout.
+//
+// (tests/cpp/parallel/fake_communicator.h is the complete fake; this one is
+// header-only so that the LibTorch adapter's tests, which link the shared
+// library, can use it without more sources.)
 //
 // Thread-safety: endpoints of one hub may be used from different threads.
 #pragma once
@@ -96,19 +103,28 @@ class FakeHub : public std::enable_shared_from_this<FakeHub> {
 class FakeWork : public Work {
  public:
   FakeWork(std::shared_ptr<FakeHub> hub, int64_t seq, ReduceOp op, int root, Buffer recv,
-           std::string what)
+           std::string what, absl::Time op_deadline, std::shared_ptr<observe::OpTrace> trace)
       : hub_(std::move(hub)),
         seq_(seq),
         op_(op),
         root_(root),
         recv_(recv),
-        what_(std::move(what)) {}
+        what_(std::move(what)),
+        op_deadline_(op_deadline),
+        trace_(std::move(trace)) {}
   absl::Status Wait(absl::Time deadline) override {
-    if (done_) return absl::OkStatus();
-    absl::StatusOr<std::vector<int64_t>> v = hub_->Collect(seq_, op_, root_, deadline, what_);
-    if (!v.ok()) return v.status();
+    if (done_) return status_;
+    const bool op_limit = op_deadline_ < deadline;
+    absl::StatusOr<std::vector<int64_t>> v =
+        hub_->Collect(seq_, op_, root_, op_limit ? op_deadline_ : deadline, what_);
+    if (!v.ok()) {
+      // The wait's own deadline leaves the operation in flight; its timeout ends it.
+      if (op_limit) Complete(v.status());
+      return v.status();
+    }
     if (v->size() != recv_.count) {
-      return absl::InvalidArgumentError(absl::StrCat(what_, ": ranks passed different counts"));
+      Complete(absl::InvalidArgumentError(absl::StrCat(what_, ": ranks passed different counts")));
+      return status_;
     }
     for (size_t i = 0; i < recv_.count; ++i) {
       if (recv_.dtype == DataType::kInt32) {
@@ -119,88 +135,97 @@ class FakeWork : public Work {
         static_cast<int64_t*>(recv_.data)[i] = (*v)[i];
       }
     }
-    done_ = true;
-    return absl::OkStatus();
+    Complete(absl::OkStatus());
+    return status_;
   }
-  absl::StatusOr<bool> Test() override { return done_; }
+  absl::StatusOr<bool> Test() override {
+    if (!done_) return false;
+    if (!status_.ok()) return status_;
+    return true;
+  }
   std::string Describe() const override { return what_; }
 
  private:
+  void Complete(absl::Status status) {
+    done_ = true;
+    status_ = std::move(status);
+    if (trace_ != nullptr) trace_->Completed(status_);
+  }
+
   std::shared_ptr<FakeHub> hub_;
   int64_t seq_;
   ReduceOp op_;
   int root_;
   Buffer recv_;
   std::string what_;
+  absl::Time op_deadline_;
+  std::shared_ptr<observe::OpTrace> trace_;
   bool done_ = false;
+  absl::Status status_;
 };
 
 class FakeComm : public Communicator {
  public:
-  FakeComm(std::shared_ptr<FakeHub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return hub_->size(); }
-  const std::string& name() const override { return hub_->name(); }
-  int world_rank() const override { return hub_->world_rank(rank_); }
+  FakeComm(std::shared_ptr<FakeHub> hub, int rank)
+      : Communicator(Options(hub->name()), Membership{rank, hub->size(), hub->world_rank(rank)},
+                     Capabilities()),
+        hub_(std::move(hub)) {}
   absl::string_view backend() const override { return "fake"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                  const OpOptions&) override {
-    if (send.count != recv.count || send.dtype != recv.dtype || !Supported(send.dtype)) {
-      return absl::InvalidArgumentError("fake allreduce: int32/int64/uint8 of equal counts only");
-    }
+ protected:
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                    const ResolvedOptions& options) override {
     const int64_t seq = seq_++;
-    hub_->Contribute(seq, rank_, Values(send));
-    return std::unique_ptr<Work>(
-        new FakeWork(hub_, seq, op, -1, recv,
-                     absl::StrCat("allreduce(", ReduceOpName(op), ") #", seq,
-                                  " on fake group (rank ", rank_, ")")));
+    hub_->Contribute(seq, rank(), Values(send));
+    return std::unique_ptr<Work>(new FakeWork(hub_, seq, op, -1, recv, options.description,
+                                              options.deadline, options.trace));
   }
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
-                                                  const OpOptions&) override {
-    if (!Supported(buffer.dtype) || root < 0 || root >= size()) {
-      return absl::InvalidArgumentError("fake broadcast: int32/int64/uint8 from a rank only");
-    }
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer buffer, int root,
+                                                    const ResolvedOptions& options) override {
     const int64_t seq = seq_++;
-    hub_->Contribute(seq, rank_, Values(buffer));
-    return std::unique_ptr<Work>(new FakeWork(
-        hub_, seq, ReduceOp::kSum, root, buffer,
-        absl::StrCat("broadcast(root ", root, ") #", seq, " on fake group (rank ", rank_, ")")));
+    hub_->Contribute(seq, rank(), Values(buffer));
+    return std::unique_ptr<Work>(new FakeWork(hub_, seq, ReduceOp::kSum, root, buffer,
+                                              options.description, options.deadline,
+                                              options.trace));
   }
 #define STRATA_FAKE_UNIMPLEMENTED(sig) \
   sig override { return absl::UnimplementedError("fake communicator"); }
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer, Buffer,
-                                                                         ReduceOp, int,
-                                                                         const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer, Buffer,
-                                                                            const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer, Buffer,
-                                                                                ReduceOp,
-                                                                                const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer, Buffer,
-                                                                           const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer, Buffer,
-                                                                            const AllToAllCounts&,
-                                                                            const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer, int,
-                                                                       const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer, int,
-                                                                       const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int,
-                                                                                const CommOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
-      absl::Span<const int>, const CommOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer, Buffer,
+                                                                           ReduceOp, int,
+                                                                           const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoAllGather(
+      ConstBuffer, Buffer, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(
+      ConstBuffer, Buffer, ReduceOp, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(
+      absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer, Buffer, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(
+      ConstBuffer, Buffer, const AllToAllCounts&, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer, int,
+                                                                         const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer, int,
+                                                                         const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(
+      int, int, const CommOptions&, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(
+      const ShrinkPlan&, const CommOptions&, const ResolvedOptions&))
 #undef STRATA_FAKE_UNIMPLEMENTED
-  absl::Status Abort() override { return absl::OkStatus(); }
-  absl::Status Revoke() override { return absl::UnimplementedError("fake communicator"); }
-  absl::Status AsyncError() override { return absl::OkStatus(); }
+  absl::Status DoAbort() override { return absl::OkStatus(); }
+  absl::Status DoRevoke() override { return absl::UnimplementedError("fake communicator"); }
+  absl::Status DoAsyncError() override { return absl::OkStatus(); }
 
  private:
+  static CommOptions Options(const std::string& name) {
+    CommOptions options;
+    options.name = name;
+    return options;
+  }
   static bool Supported(DataType t) {
     return t == DataType::kInt32 || t == DataType::kInt64 || t == DataType::kUInt8;
   }
+  static CommCapabilities Capabilities() { return CommCapabilities{&Supported, &Supported}; }
   static std::vector<int64_t> Values(ConstBuffer b) {
     std::vector<int64_t> v(b.count);
     for (size_t i = 0; i < b.count; ++i) {
@@ -216,7 +241,6 @@ class FakeComm : public Communicator {
   }
 
   std::shared_ptr<FakeHub> hub_;
-  int rank_;
   int64_t seq_ = 0;  // used by the rank's one checkpoint writer thread
 };
 

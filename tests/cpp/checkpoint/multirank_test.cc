@@ -73,7 +73,7 @@ std::vector<Rank> MakeRanks(int n, const std::string& dir,
     ranks[r].comm = hub->Endpoint(r);
     CheckpointOptions o;
     o.directory = dir;
-    o.comm = ranks[r].comm.get();
+    o.group = GroupHandle::Fixed(ranks[r].comm.get());
     o.chunk_bytes = 4096;
     o.commit_timeout = absl::Seconds(60);
     if (tweak) tweak(r, o);

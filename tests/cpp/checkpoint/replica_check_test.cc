@@ -50,10 +50,10 @@ std::vector<absl::Status> Check(int n, const std::vector<std::vector<int>>& grou
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       ReplicaGroup g;
-      g.comm = group_comm[static_cast<size_t>(r)].get();
+      g.group = GroupHandle::Fixed(group_comm[static_cast<size_t>(r)].get());
       g.tensors = tensors_of(r);
       ReplicaCheckOptions o;
-      o.all = world_comm[static_cast<size_t>(r)].get();
+      o.all = GroupHandle::Fixed(world_comm[static_cast<size_t>(r)].get());
       o.deadline = absl::Now() + absl::Seconds(30);
       o.step = 7;
       out[static_cast<size_t>(r)] = CheckReplicasMatch({g}, o);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "comm/root_settings.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -148,15 +149,27 @@ TEST(HostShareTest, SlurmTasksPerNodeIsReadAsLaunchEnvReadsIt) {
   EXPECT_TRUE(both.invalid_env.empty());
 }
 
-TEST(HostShareTest, TheEnvironmentOverridesDetection) {
-  EXPECT_TRUE(Share({{"STRATA_OVERSUBSCRIBED", "1"}}, 64, 64, std::nullopt).oversubscribed());
-  HostShare off = Share({{"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}, {"STRATA_OVERSUBSCRIBED", "0"}}, 2, 2,
-                        std::nullopt);
-  EXPECT_FALSE(off.oversubscribed());
-  EXPECT_TRUE(absl::StrContains(off.Describe(), "STRATA_OVERSUBSCRIBED=0")) << off.Describe();
-  HostShare bad = Share({{"STRATA_OVERSUBSCRIBED", "yes"}}, 2, 2, std::nullopt);
-  EXPECT_EQ(bad.invalid_force, "yes");
-  EXPECT_FALSE(bad.forced.has_value());
+// STRATA_OVERSUBSCRIBED is a setting: detection ignores it, and root
+// creation puts it into MpiOptions::oversubscribed unless the caller set
+// that, which the MPI backend then takes instead of detecting.
+TEST(HostShareTest, TheEnvironmentOverridesDetectionThroughTheRootOptions) {
+  EXPECT_FALSE(Share({{"STRATA_OVERSUBSCRIBED", "1"}}, 64, 64, std::nullopt).oversubscribed());
+  auto resolved = [](std::map<std::string, std::string> env, RootOptions options) {
+    absl::StatusOr<Settings> settings = Settings::FromMap(env);
+    EXPECT_TRUE(settings.ok()) << settings.status();
+    return ResolveRootOptions(options, *settings).mpi.oversubscribed;
+  };
+  EXPECT_EQ(resolved({{"STRATA_OVERSUBSCRIBED", "1"}}, {}), std::optional<bool>(true));
+  EXPECT_EQ(resolved({{"STRATA_OVERSUBSCRIBED", "false"}}, {}), std::optional<bool>(false));
+  EXPECT_EQ(resolved({}, {}), std::nullopt);  // detected by the backend
+  RootOptions told;
+  told.mpi.oversubscribed = false;
+  EXPECT_EQ(resolved({{"STRATA_OVERSUBSCRIBED", "1"}}, told), std::optional<bool>(false));
+  absl::StatusOr<Settings> bad = Settings::FromMap({{"STRATA_OVERSUBSCRIBED", "yes"}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(),
+                                "STRATA_OVERSUBSCRIBED='yes' is not a boolean (0/1/true/false)"))
+      << bad.status();
 }
 
 // The real detection: pinned to one CPU, this process has one core.

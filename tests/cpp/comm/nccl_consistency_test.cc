@@ -83,18 +83,24 @@ class DoneWork : public Work {
 
 size_t Size(DataType t) { return t == DataType::kInt64 ? 8 : 1; }
 
+bool Any(DataType) { return true; }
+
+// Implements Communicator's hooks (Communicator validates first), with
+// a hub that counts what the check costs.
 class FakeComm : public Communicator {
  public:
-  FakeComm(Hub* hub, int rank, int size) : hub_(hub), rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  const std::string& name() const override { return name_; }
-  int world_rank() const override { return rank_; }
+  FakeComm(Hub* hub, int rank, int size)
+      : Communicator(CommOptions{}, Membership{rank, size, rank}, CommCapabilities{&Any, &Any}),
+        hub_(hub),
+        rank_(rank) {}
   absl::string_view backend() const override { return "fake"; }
   MemoryKind memory() const override { return MemoryKind::kHost; }
 
-  absl::StatusOr<std::unique_ptr<Work>> AllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
-                                                  const OpOptions&) override {
+  bool fail_ = false;
+
+ protected:
+  absl::StatusOr<std::unique_ptr<Work>> DoAllReduce(ConstBuffer send, Buffer recv, ReduceOp op,
+                                                    const ResolvedOptions&) override {
     if (fail_) return absl::DeadlineExceededError("allreduce timed out on rank 3");
     if (op != ReduceOp::kMin || send.dtype != DataType::kInt64)
       return absl::UnimplementedError("fake");
@@ -116,8 +122,8 @@ class FakeComm : public Communicator {
     std::memcpy(recv.data, out.data(), out.size());
     return std::unique_ptr<Work>(new DoneWork);
   }
-  absl::StatusOr<std::unique_ptr<Work>> AllGather(ConstBuffer send, Buffer recv,
-                                                  const OpOptions&) override {
+  absl::StatusOr<std::unique_ptr<Work>> DoAllGather(ConstBuffer send, Buffer recv,
+                                                    const ResolvedOptions&) override {
     const size_t bytes = send.count * Size(send.dtype);
     Bytes in(static_cast<const uint8_t*>(send.data),
              static_cast<const uint8_t*>(send.data) + bytes);
@@ -129,8 +135,8 @@ class FakeComm : public Communicator {
     std::memcpy(recv.data, out.data(), out.size());
     return std::unique_ptr<Work>(new DoneWork);
   }
-  absl::StatusOr<std::unique_ptr<Work>> Broadcast(Buffer buffer, int root,
-                                                  const OpOptions&) override {
+  absl::StatusOr<std::unique_ptr<Work>> DoBroadcast(Buffer buffer, int root,
+                                                    const ResolvedOptions&) override {
     const size_t bytes = buffer.count * Size(buffer.dtype);
     Bytes in;
     if (rank_ == root)
@@ -144,37 +150,32 @@ class FakeComm : public Communicator {
   }
 #define STRATA_FAKE_UNIMPLEMENTED(sig) \
   sig override { return absl::UnimplementedError("fake"); }
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Reduce(ConstBuffer, Buffer,
-                                                                         ReduceOp, int,
-                                                                         const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> ReduceScatter(ConstBuffer, Buffer,
-                                                                                ReduceOp,
-                                                                                const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> AllToAll(ConstBuffer, Buffer,
-                                                                           const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> AllToAllV(ConstBuffer, Buffer,
-                                                                            const AllToAllCounts&,
-                                                                            const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Barrier(const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Send(ConstBuffer, int,
-                                                                       const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> Recv(Buffer, int,
-                                                                       const OpOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> Split(int, int,
-                                                                                const CommOptions&))
-  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
-      absl::Span<const int>, const CommOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoReduce(ConstBuffer, Buffer,
+                                                                           ReduceOp, int,
+                                                                           const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoReduceScatter(
+      ConstBuffer, Buffer, ReduceOp, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(
+      absl::StatusOr<std::unique_ptr<Work>> DoAllToAll(ConstBuffer, Buffer, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoAllToAllV(
+      ConstBuffer, Buffer, const AllToAllCounts&, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoBarrier(const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoSend(ConstBuffer, int,
+                                                                         const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Work>> DoRecv(Buffer, int,
+                                                                         const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> DoSplit(
+      int, int, const CommOptions&, const ResolvedOptions&))
+  STRATA_FAKE_UNIMPLEMENTED(absl::StatusOr<std::unique_ptr<Communicator>> DoShrink(
+      const ShrinkPlan&, const CommOptions&, const ResolvedOptions&))
 #undef STRATA_FAKE_UNIMPLEMENTED
-  absl::Status Abort() override { return absl::OkStatus(); }
-  absl::Status Revoke() override { return absl::OkStatus(); }
-  absl::Status AsyncError() override { return absl::OkStatus(); }
-
-  bool fail_ = false;
+  absl::Status DoAbort() override { return absl::OkStatus(); }
+  absl::Status DoRevoke() override { return absl::OkStatus(); }
+  absl::Status DoAsyncError() override { return absl::OkStatus(); }
 
  private:
   Hub* hub_;
-  int rank_, size_;
-  std::string name_ = "world";
+  int rank_;
 };
 
 EffectiveSettings Settings(std::map<std::string, std::string> env) {

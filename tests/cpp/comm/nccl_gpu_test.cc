@@ -1,7 +1,15 @@
-// The NCCL backend on real GPUs: ranks are threads of this process, one per
-// visible device, bootstrapped through a memory store. Every test skips
-// (with the reason) where no GPU is visible; the device machine runs them.
-// Results are compared with a reference computed on the host in the test.
+// The NCCL backend on real GPUs, in one of two modes:
+//   - alone (ctest): ranks are threads of this process, one per visible
+//     device, bootstrapped through a memory store;
+//   - under a launcher (tests/tools/run_torchrun.sh --np N, which sets
+//     RANK/WORLD_SIZE and STRATA_STORE=file:...): this process is one rank
+//     of N, on the device of its local rank modulo the visible devices, so N
+//     ranks may share one GPU (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1;
+//     NCCL does not support ranks of one GPU as threads of one process).
+//     tools/dev/gpu_checks.sh runs it so with 2, 4 and 8 ranks on one GPU.
+// Every test skips (with the reason) where no GPU is visible or it needs
+// more ranks than there are; the device machine runs them. Results are
+// compared with a reference computed on the host in the test.
 #include <cuda_runtime_api.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -19,21 +28,44 @@
 #include "comm/nccl/nccl_communicator.h"
 #include "strata/base/dtype.h"
 #include "strata/comm/backend.h"
+#include "strata/comm/launch_env.h"
 
 namespace strata::nccl {
 namespace {
 
 using ::testing::HasSubstr;
 
-#define SKIP_WITHOUT_GPUS(n)                                                               \
-  do {                                                                                     \
-    if (VisibleDeviceCount() < (n)) {                                                      \
-      GTEST_SKIP() << "needs " << (n) << " CUDA device(s); " << VisibleDeviceCount()       \
-                   << " visible (the NCCL backend's GPU tests run on the device machine)"; \
-    }                                                                                      \
-  } while (0)
+// This process's rank of a launched job, when a launcher started more than
+// one process (process mode); nullopt when it runs alone (thread mode).
+const std::optional<LaunchEnv>& Launched() {
+  static const std::optional<LaunchEnv> launched = []() -> std::optional<LaunchEnv> {
+    absl::StatusOr<LaunchEnv> env = LaunchEnv::Detect();
+    if (!env.ok() || env->world_size < 2) return std::nullopt;
+    return *env;
+  }();
+  return launched;
+}
 
-int Ranks() { return std::min(VisibleDeviceCount(), 8); }
+// The number of ranks the tests run on: the launched job's, else one thread
+// per visible device (at most 8).
+int Ranks() {
+  if (Launched()) return Launched()->world_size;
+  return std::min(VisibleDeviceCount(), 8);
+}
+
+#define SKIP_WITHOUT_RANKS(n)                                                                   \
+  do {                                                                                          \
+    if (VisibleDeviceCount() < 1) {                                                             \
+      GTEST_SKIP() << "no CUDA device visible (the NCCL backend's GPU tests run on the device " \
+                      "machine: tools/dev/gpu_checks.sh)";                                      \
+    }                                                                                           \
+    if (Ranks() < (n)) {                                                                        \
+      GTEST_SKIP()                                                                              \
+          << "needs " << (n) << " ranks; " << Ranks()                                           \
+          << (Launched() ? " launched" : " visible device(s), one thread each")                 \
+          << " (run under tests/tools/run_torchrun.sh --np N for ranks that share a GPU)";      \
+    }                                                                                           \
+  } while (0)
 
 // Host bytes <-> values, per dtype.
 std::vector<uint8_t> Encode(DataType t, const std::vector<double>& v) {
@@ -141,9 +173,33 @@ struct DeviceBuffer {
   }
 };
 
-// Runs fn(rank, comm) on `n` ranks, each a thread with its own device.
+// Runs fn(rank, comm) on `n` ranks. Thread mode: each a thread of this
+// process with its own device. Process mode: n is the job's size (this
+// process runs its own rank, through the launcher's store), or 1 (every
+// process runs a world of its own).
 void RunRanks(int n, const std::function<void(int, Communicator&)>& fn,
               absl::Duration timeout = absl::Seconds(60)) {
+  if (Launched()) {
+    const LaunchEnv& job = *Launched();
+    ASSERT_TRUE(n == 1 || n == job.world_size)
+        << "a launched test runs on 1 or all " << job.world_size << " ranks, not " << n;
+    LaunchEnv env = job;
+    RootOptions options;
+    options.backend = "nccl";
+    options.comm.timeout = timeout;
+    if (n == 1) {
+      env.rank = env.local_rank = 0;
+      env.world_size = env.local_world_size = 1;
+      options.store = MakeMemoryStore();
+    }  // else the launcher's store ($STRATA_STORE)
+    const int device = job.local_rank % VisibleDeviceCount();
+    cudaSetDevice(device);
+    options.nccl.device = device;
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateRootCommunicator(env, options);
+    ASSERT_TRUE(comm.ok()) << "rank " << env.rank << ": " << comm.status();
+    fn(env.rank, **comm);
+    return;
+  }
   std::shared_ptr<Store> store = MakeMemoryStore();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -184,7 +240,7 @@ void ExpectOk(absl::StatusOr<std::unique_ptr<Work>> work, const std::string& wha
 }
 
 TEST(NcclGpu, InitReportsRankSizeAndBackend) {
-  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_RANKS(1);
   const int n = Ranks();
   RunRanks(n, [&](int r, Communicator& c) {
     EXPECT_EQ(c.rank(), r);
@@ -207,7 +263,7 @@ TEST(NcclGpu, InitReportsRankSizeAndBackend) {
 }
 
 TEST(NcclGpu, EveryCollectiveAndDtypeMatchesTheHostReference) {
-  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_RANKS(1);
   const int n = Ranks();
   const size_t kCount = 37;
   RunRanks(n, [&](int r, Communicator& c) {
@@ -335,7 +391,7 @@ TEST(NcclGpu, EveryCollectiveAndDtypeMatchesTheHostReference) {
 // Completion through events on the caller's stream: work queued behind a
 // memset on that stream sees the memset's value.
 TEST(NcclGpu, WorkOnANonDefaultStreamCompletesInStreamOrder) {
-  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_RANKS(1);
   const int n = Ranks();
   RunRanks(n, [&](int r, Communicator& c) {
     cudaStream_t stream = nullptr;
@@ -369,7 +425,7 @@ void CUDART_CB Stall(void*) {
 // A collective stuck behind a stalled stream passes its deadline: the
 // watchdog fails it, naming the operation, without anyone waiting.
 TEST(NcclGpu, AStuckCollectiveFailsAtItsDeadline) {
-  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_RANKS(1);
   RunRanks(
       1,
       [&](int, Communicator& c) {
@@ -410,7 +466,7 @@ TEST(NcclGpu, AStuckCollectiveFailsAtItsDeadline) {
 // Abort while a collective is in flight (rank 0 never joins it): the
 // others' waits end promptly with Aborted, well within their deadline.
 TEST(NcclGpu, AbortDuringAnInFlightCollectiveReturnsWithinItsDeadline) {
-  SKIP_WITHOUT_GPUS(2);
+  SKIP_WITHOUT_RANKS(2);
   const int n = Ranks();
   RunRanks(n, [&](int r, Communicator& c) {
     DeviceBuffer x(DataType::kFloat32, std::vector<double>(1 << 20, 1));
@@ -437,7 +493,7 @@ TEST(NcclGpu, AbortDuringAnInFlightCollectiveReturnsWithinItsDeadline) {
 }
 
 TEST(NcclGpu, SplitAndShrinkMakeWorkingChildren) {
-  SKIP_WITHOUT_GPUS(1);
+  SKIP_WITHOUT_RANKS(1);
   const int n = Ranks();
   RunRanks(n, [&](int r, Communicator& c) {
     {

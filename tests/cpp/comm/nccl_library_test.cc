@@ -15,7 +15,7 @@
 #include <string>
 
 #include "comm/nccl/nccl_config.h"
-#include "comm/topology/nccl_setup_internal.h"
+#include "comm/nccl_tuning/nccl_setup_internal.h"
 #include "strata/base/dtype.h"
 #include "strata/comm/nccl.h"
 #include "strata/comm/nccl_profile.h"
@@ -202,7 +202,7 @@ TEST(NcclConfig, FieldsAnOlderNcclDoesNotKnowAreListed) {
 }
 
 TEST(NcclConfig, BuiltFromTheDetectedTopologyProfile) {
-  topology_internal::ResetNcclSetupForTesting();
+  nccl_tuning_internal::ResetNcclSetupForTesting();
   NcclCommSetupOptions setup;
   setup.detect.sysfs_root = std::string(STRATA_TOPOLOGY_FIXTURES) + "/dgx_h100/sys";
   setup.detect.use_nvml = false;

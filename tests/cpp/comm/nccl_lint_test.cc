@@ -1,5 +1,5 @@
 // The NCCL lint: one test per variable the issue names (checked against
-// NCCL's docs and source, see nccl_vars_documented.cc), the precedence of
+// NCCL's docs and source, see nccl_tuning/nccl_vars.tsv), the precedence of
 // NCCL's configuration sources, nccl.conf syntax as NCCL reads it, value
 // coercion, version awareness and contradictions with the machine.
 #include "strata/comm/nccl_lint.h"
@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "comm/topology/nccl_lint_internal.h"
+#include "comm/nccl_tuning/nccl_lint_internal.h"
 #include "strata/comm/nccl_settings.h"
 
 namespace strata {
@@ -196,12 +196,12 @@ TEST(NcclLintGuide, TheWholeGuideAtOnce) {
 // ---- values NCCL reads differently from how they look ---------------------
 
 TEST(NcclLintValues, StrtollSemantics) {
-  EXPECT_EQ(topology_internal::ParseLikeStrtoll("0x10").value, 16);
-  EXPECT_TRUE(topology_internal::ParseLikeStrtoll("010").octal);
-  EXPECT_EQ(topology_internal::ParseLikeStrtoll("010").value, 8);
-  EXPECT_FALSE(topology_internal::ParseLikeStrtoll("abc").digits);
-  EXPECT_EQ(topology_internal::ParseLikeStrtoll("4MB").rest, "MB");
-  EXPECT_TRUE(topology_internal::ParseLikeStrtoll("99999999999999999999").overflow);
+  EXPECT_EQ(nccl_tuning_internal::ParseLikeStrtoll("0x10").value, 16);
+  EXPECT_TRUE(nccl_tuning_internal::ParseLikeStrtoll("010").octal);
+  EXPECT_EQ(nccl_tuning_internal::ParseLikeStrtoll("010").value, 8);
+  EXPECT_FALSE(nccl_tuning_internal::ParseLikeStrtoll("abc").digits);
+  EXPECT_EQ(nccl_tuning_internal::ParseLikeStrtoll("4MB").rest, "MB");
+  EXPECT_TRUE(nccl_tuning_internal::ParseLikeStrtoll("99999999999999999999").overflow);
 
   LintReport r = Lint({{"NCCL_BUFFSIZE", "4MB"},
                        {"NCCL_IB_TIMEOUT", "020"},

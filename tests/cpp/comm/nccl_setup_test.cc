@@ -6,7 +6,7 @@
 
 #include <cstdlib>
 
-#include "comm/topology/nccl_setup_internal.h"
+#include "comm/nccl_tuning/nccl_setup_internal.h"
 #include "strata/comm/nccl_profile.h"
 
 namespace strata {
@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 class NcclSetup : public testing::Test {
  protected:
   void SetUp() override {
-    topology_internal::ResetNcclSetupForTesting();
+    nccl_tuning_internal::ResetNcclSetupForTesting();
     unsetenv("NCCL_IB_HCA");
     unsetenv("STRATA_NCCL_PROFILE");
   }
@@ -81,7 +81,8 @@ TEST_F(NcclSetup, AMalformedOptOutIsRejected) {
   setenv("STRATA_NCCL_PROFILE", "no", 1);
   absl::StatusOr<NcclCommSetup> s = PrepareNcclCommunicator(Options("dgx_h100", "world"));
   EXPECT_TRUE(absl::IsInvalidArgument(s.status()));
-  EXPECT_THAT(s.status().message(), HasSubstr("STRATA_NCCL_PROFILE='no' is not 0"));
+  EXPECT_THAT(s.status().message(),
+              HasSubstr("STRATA_NCCL_PROFILE='no' is not a boolean (0/1/true/false)"));
   EXPECT_EQ(std::getenv("NCCL_IB_HCA"), nullptr);
 }
 

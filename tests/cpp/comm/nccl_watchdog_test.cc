@@ -4,6 +4,7 @@
 // clear refusal to build an NCCL communicator where no GPU is visible.
 #include "comm/nccl/nccl_watchdog.h"
 
+#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -287,15 +288,97 @@ TEST(Watchdog, ConcurrentWaitersFiringAndAbortEndEveryWork) {
   }
 }
 
-TEST(Watchdog, OnePerProcessWhileInUse) {
-  std::shared_ptr<Watchdog> a = Watchdog::Shared(absl::Milliseconds(10));
-  std::shared_ptr<Watchdog> b = Watchdog::Shared(absl::Milliseconds(10));
-  EXPECT_EQ(a.get(), b.get());
-  std::weak_ptr<Watchdog> weak = a;
-  a.reset();
-  b.reset();
-  EXPECT_TRUE(weak.expired());  // its thread is joined with the last owner
-  EXPECT_NE(Watchdog::Shared(absl::Milliseconds(10)), nullptr);
+// The threads of this process (Linux: the entries of /proc/self/task).
+int Threads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// A tracker that counts how often its watchdog looks at it.
+struct CountedTracker {
+  std::atomic<int> checks{0};
+  std::shared_ptr<CommTracker> tracker;
+  explicit CountedTracker(Watchdog& watchdog) {
+    TrackerHooks h;
+    h.query_event = [](void*) -> absl::StatusOr<bool> { return true; };
+    h.release_event = [](void*) {};
+    h.async_error = [this] {
+      ++checks;
+      return absl::OkStatus();
+    };
+    tracker = std::make_shared<CommTracker>(kWhere, h);
+    watchdog.Add(tracker);
+  }
+  // No hook runs after this (a check in progress is waited for).
+  ~CountedTracker() { tracker->Close(); }
+};
+
+absl::StatusOr<std::shared_ptr<NcclFamily>> Family(absl::Duration interval, int world_rank = 0) {
+  NcclOptions options;
+  options.watchdog_interval = interval;
+  return NcclFamily::Create(options, world_rank);
+}
+
+// Each root's family has a watchdog of its own at that root's interval
+// (there used to be one per process, at the first caller's interval).
+TEST(Watchdog, TwoRootsWithDifferentIntervalsEachGetTheirs) {
+  absl::StatusOr<std::shared_ptr<NcclFamily>> fast = Family(absl::Milliseconds(5));
+  absl::StatusOr<std::shared_ptr<NcclFamily>> slow = Family(absl::Hours(1));
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  ASSERT_NE((*fast)->watchdog.get(), (*slow)->watchdog.get());
+  EXPECT_EQ((*fast)->watchdog->interval(), absl::Milliseconds(5));
+  EXPECT_EQ((*slow)->watchdog->interval(), absl::Hours(1));
+  CountedTracker on_fast(*(*fast)->watchdog), on_slow(*(*slow)->watchdog);
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (on_fast.checks.load() < 5 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_GE(on_fast.checks.load(), 5);
+  // An hour has not passed: the slow root's watchdog has not looked once.
+  EXPECT_EQ(on_slow.checks.load(), 0);
+}
+
+TEST(Watchdog, DestroyingOneRootLeavesTheOthersWatchdogWorking) {
+  absl::StatusOr<std::shared_ptr<NcclFamily>> a = Family(absl::Milliseconds(5));
+  absl::StatusOr<std::shared_ptr<NcclFamily>> b = Family(absl::Milliseconds(5));
+  ASSERT_TRUE(a.ok() && b.ok());
+  CountedTracker on_b(*(*b)->watchdog);
+  {
+    CountedTracker on_a(*(*a)->watchdog);
+    a->reset();  // the last owner of root a's family
+  }
+  const int before = on_b.checks.load();
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  while (on_b.checks.load() < before + 5 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(on_b.checks.load(), before + 5);
+}
+
+TEST(Watchdog, NoThreadOutlivesItsOwner) {
+  const int before = Threads();
+  absl::StatusOr<std::shared_ptr<NcclFamily>> family = Family(absl::Milliseconds(1));
+  ASSERT_TRUE(family.ok());
+  EXPECT_EQ(Threads(), before + 1);  // the watchdog's
+  // A split child holds the family too: the thread stays for it.
+  std::shared_ptr<NcclFamily> child = *family;
+  family->reset();
+  EXPECT_EQ(Threads(), before + 1);
+  child.reset();  // the last owner: the thread is joined now, not later
+  EXPECT_EQ(Threads(), before);
+}
+
+TEST(Watchdog, AnIntervalThatCannotBeHonouredIsAnError) {
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Milliseconds(-3)}) {
+    absl::StatusOr<std::shared_ptr<NcclFamily>> family = Family(bad, 3);
+    ASSERT_EQ(family.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(family.status().message(),
+                HasSubstr(absl::StrCat("watchdog_interval ", absl::FormatDuration(bad),
+                                       " must be positive")));
+  }
 }
 
 TEST(UniqueIds, OneIdPerRanksPerIdWithScalableInit) {

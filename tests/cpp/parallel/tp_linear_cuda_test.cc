@@ -58,8 +58,10 @@ TEST_P(LinearCudaTest, MatchesHostKernels) {
   HostMatrix y_h(rows, out, dtype), dx_h(rows, in, dtype);
   std::vector<float> dw_h(out * in, 0.0f), db_h(out, 0.0f);
   {
-    auto layer = column ? ColumnParallelLinear::Create(o, *comm).value() : nullptr;
-    auto row = column ? nullptr : RowParallelLinear::Create(o, *comm).value();
+    auto layer =
+        column ? ColumnParallelLinear::Create(o, GroupHandle::Fixed(comm.get())).value() : nullptr;
+    auto row =
+        column ? nullptr : RowParallelLinear::Create(o, GroupHandle::Fixed(comm.get())).value();
     LinearForward f{x.cref(), w.cref(), b.bytes.data(), y_h.ref()};
     LinearBackward bw{dy.cref(), x.cref(), w.cref(), dx_h.ref(), dw_h.data(), db_h.data()};
     ASSERT_TRUE((column ? layer->Forward(f) : row->Forward(f)).ok());
@@ -73,8 +75,9 @@ TEST_P(LinearCudaTest, MatchesHostKernels) {
   cudaMemset(dwd.ptr, 0, dwd.bytes);
   cudaMemset(dbd.ptr, 0, dbd.bytes);
   {
-    auto made_c = column ? ColumnParallelLinear::Create(o, *comm) : nullptr;
-    auto made_r = column ? nullptr : RowParallelLinear::Create(o, *comm);
+    auto made_c =
+        column ? ColumnParallelLinear::Create(o, GroupHandle::Fixed(comm.get())) : nullptr;
+    auto made_r = column ? nullptr : RowParallelLinear::Create(o, GroupHandle::Fixed(comm.get()));
     LinearForward f{ConstMatrixRef(xd.ptr, rows, in, dtype), ConstMatrixRef(wd.ptr, out, in, dtype),
                     bd.ptr, MatrixRef{yd.ptr, rows, out, dtype}};
     LinearBackward bw{ConstMatrixRef(dyd.ptr, rows, out, dtype),

@@ -29,8 +29,8 @@ absl::Status CreateStatus(bool column, const LinearOptions& o, int size = 2,
                           MemoryKind memory = MemoryKind::kHost) {
   testing::FakeGroup group(size, testing::FakeOrdering::kMatchPosted, "tp", memory);
   std::unique_ptr<Communicator> comm = group.Comm(0);
-  if (column) return ColumnParallelLinear::Create(o, *comm).status();
-  return RowParallelLinear::Create(o, *comm).status();
+  if (column) return ColumnParallelLinear::Create(o, GroupHandle::Fixed(comm.get())).status();
+  return RowParallelLinear::Create(o, GroupHandle::Fixed(comm.get())).status();
 }
 
 void ExpectInvalid(const absl::Status& s, const std::string& needle) {
@@ -113,7 +113,7 @@ TEST_F(LinearCallTest, ShapesRejectRowsThatSequenceParallelismCannotSplit) {
   LinearOptions o = Base();
   o.input_is_parallel = true;
   o.sequence_parallel = true;
-  auto row = RowParallelLinear::Create(o, *comm);
+  auto row = RowParallelLinear::Create(o, GroupHandle::Fixed(comm.get()));
   ASSERT_TRUE(row.ok());
   ExpectInvalid((*row)->Shapes(7).status(),
                 "7 input rows (tokens) are not divisible by the size 2");
@@ -123,7 +123,7 @@ TEST_F(LinearCallTest, ShapesRejectRowsThatSequenceParallelismCannotSplit) {
 }
 
 TEST_F(LinearCallTest, ForwardRejectsWrongViews) {
-  auto layer = ColumnParallelLinear::Create(Base(), *comm_);
+  auto layer = ColumnParallelLinear::Create(Base(), GroupHandle::Fixed(comm_.get()));
   ASSERT_TRUE(layer.ok());
   HostMatrix x(4, 8, DataType::kFloat32), w(8, 8, DataType::kFloat32), b(1, 8, DataType::kFloat32),
       y(4, 8, DataType::kFloat32);
@@ -147,7 +147,7 @@ TEST_F(LinearCallTest, ForwardRejectsWrongViews) {
 
   LinearOptions nb = Base();
   nb.bias = false;
-  auto no_bias = ColumnParallelLinear::Create(nb, *comm_);
+  auto no_bias = ColumnParallelLinear::Create(nb, GroupHandle::Fixed(comm_.get()));
   ASSERT_TRUE(no_bias.ok());
   ExpectInvalid((*no_bias)->Forward(ok), "a bias was given to a layer created with bias = false");
 }
@@ -155,7 +155,7 @@ TEST_F(LinearCallTest, ForwardRejectsWrongViews) {
 TEST_F(LinearCallTest, BackwardRejectsWrongViewsAndBiasGradients) {
   LinearOptions o = Base();
   o.skip_bias_add = true;
-  auto layer = RowParallelLinear::Create(o, *comm_);
+  auto layer = RowParallelLinear::Create(o, GroupHandle::Fixed(comm_.get()));
   ASSERT_TRUE(layer.ok());
   HostMatrix x(4, 8, DataType::kFloat32), w(8, 8, DataType::kFloat32), dy(4, 8, DataType::kFloat32),
       dx(4, 8, DataType::kFloat32);
@@ -177,7 +177,7 @@ TEST_F(LinearCallTest, BackwardRejectsWrongViewsAndBiasGradients) {
 
   LinearOptions nb = Base();
   nb.bias = false;
-  auto no_bias = RowParallelLinear::Create(nb, *comm_);
+  auto no_bias = RowParallelLinear::Create(nb, GroupHandle::Fixed(comm_.get()));
   ASSERT_TRUE(no_bias.ok());
   ExpectInvalid((*no_bias)->Backward(b), "bias_grad was given but the layer has no bias");
 }
@@ -190,7 +190,7 @@ TEST(LinearComm, MissingPeerEndsInDeadlineExceeded) {
   LinearOptions o = Base();
   o.input_is_parallel = true;
   o.timeout = absl::Milliseconds(100);
-  auto layer = RowParallelLinear::Create(o, *comm);
+  auto layer = RowParallelLinear::Create(o, GroupHandle::Fixed(comm.get()));
   ASSERT_TRUE(layer.ok());
   HostMatrix x(4, 4, DataType::kFloat32), w(8, 4, DataType::kFloat32), b(1, 8, DataType::kFloat32),
       y(4, 8, DataType::kFloat32);
@@ -201,7 +201,7 @@ TEST(LinearComm, MissingPeerEndsInDeadlineExceeded) {
   // Rank 1 joins late, so the fake group's pending collective completes and
   // no thread is left waiting.
   auto late = group.Comm(1);
-  auto layer1 = RowParallelLinear::Create(o, *late);
+  auto layer1 = RowParallelLinear::Create(o, GroupHandle::Fixed(late.get()));
   ASSERT_TRUE(layer1.ok());
   EXPECT_TRUE((*layer1)->Forward({x.cref(), w.cref(), b.bytes.data(), y.ref()}).ok());
 }

@@ -101,7 +101,7 @@ TEST_P(LinearTest, MatchesUnshardedLayer) {
     std::unique_ptr<RowParallelLinear> row;
     if (c.column) {
       const int64_t o_l = out / tp;
-      auto made = ColumnParallelLinear::Create(o, comm);
+      auto made = ColumnParallelLinear::Create(o, GroupHandle::Fixed(&comm));
       ASSERT_TRUE(made.ok()) << made.status();
       col = std::move(made).value();
       x_in = c.sequence_parallel ? X.Rows(rank * rows_l, rows_l) : X;
@@ -114,7 +114,7 @@ TEST_P(LinearTest, MatchesUnshardedLayer) {
       db_want = DB.Cols(rank * o_l, o_l);
     } else {
       const int64_t i_l = in / tp;
-      auto made = RowParallelLinear::Create(o, comm);
+      auto made = RowParallelLinear::Create(o, GroupHandle::Fixed(&comm));
       ASSERT_TRUE(made.ok()) << made.status();
       row = std::move(made).value();
       x_in = c.input_is_parallel ? X.Cols(rank * i_l, i_l) : X;
@@ -172,7 +172,7 @@ TEST(LinearPartialBackward, SkipsAndAccumulates) {
     o.in_features = in;
     o.out_features = out;
     o.bias = false;
-    auto layer = ColumnParallelLinear::Create(o, comm);
+    auto layer = ColumnParallelLinear::Create(o, GroupHandle::Fixed(&comm));
     ASSERT_TRUE(layer.ok());
     std::vector<float> acc(w.rows * w.cols, 0.0f);
     LinearBackward b{dy.cref(), x.cref(), w.cref(), MatrixRef{}, acc.data(), nullptr};

@@ -42,7 +42,7 @@ TEST_P(EmbeddingTest, MatchesLookupAndScatterAdd) {
     o.embedding_dim = dim;
     o.dtype = dtype;
     o.sequence_parallel = sp;
-    auto emb = VocabParallelEmbedding::Create(o, comm);
+    auto emb = VocabParallelEmbedding::Create(o, GroupHandle::Fixed(&comm));
     ASSERT_TRUE(emb.ok()) << emb.status();
     const int64_t v_l = vocab / tp, rows = sp ? tokens / tp : tokens;
     EXPECT_EQ((*emb)->vocab_start(), rank * v_l);
@@ -111,7 +111,7 @@ TEST_P(CrossEntropyTest, MatchesSoftmaxDefinition) {
     o.dtype = dtype;
     o.ignore_index = ignore;
     o.label_smoothing = smoothing;
-    auto ce = VocabParallelCrossEntropy::Create(o, comm);
+    auto ce = VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(&comm));
     ASSERT_TRUE(ce.ok()) << ce.status();
     const int64_t v_l = vocab / tp;
     HostMatrix z = HostMatrix::FromDense(Z.Cols(rank * v_l, v_l), dtype);
@@ -156,27 +156,28 @@ TEST(EmbeddingErrors, CreateAndCall) {
   EmbeddingOptions o;
   o.num_embeddings = 7;
   o.embedding_dim = 4;
-  ExpectCode(VocabParallelEmbedding::Create(o, *comm).status(), absl::StatusCode::kInvalidArgument,
+  ExpectCode(VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kInvalidArgument,
              "num_embeddings 7 is not divisible by the size 2 of group tp");
   o.num_embeddings = 8;
   o.embedding_dim = 0;
-  ExpectCode(VocabParallelEmbedding::Create(o, *comm).status(), absl::StatusCode::kInvalidArgument,
-             "embedding_dim 0");
+  ExpectCode(VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kInvalidArgument, "embedding_dim 0");
   o.embedding_dim = 4;
   o.dtype = DataType::kInt64;
-  ExpectCode(VocabParallelEmbedding::Create(o, *comm).status(), absl::StatusCode::kInvalidArgument,
-             "dtype int64");
+  ExpectCode(VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kInvalidArgument, "dtype int64");
   o.dtype = DataType::kFloat32;
   o.memory = MemoryKind::kCuda;
-  ExpectCode(VocabParallelEmbedding::Create(o, *comm).status(), absl::StatusCode::kUnimplemented,
-             "host memory only");
+  ExpectCode(VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kUnimplemented, "host memory only");
   o.memory = MemoryKind::kHost;
   o.timeout = absl::ZeroDuration();
-  ExpectCode(VocabParallelEmbedding::Create(o, *comm).status(), absl::StatusCode::kInvalidArgument,
-             "timeout");
+  ExpectCode(VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kInvalidArgument, "timeout");
   o.timeout = absl::Seconds(5);
   o.sequence_parallel = true;
-  auto emb = VocabParallelEmbedding::Create(o, *comm);
+  auto emb = VocabParallelEmbedding::Create(o, GroupHandle::Fixed(comm.get()));
   ASSERT_TRUE(emb.ok());
   HostMatrix w(4, 4, DataType::kFloat32), y(2, 4, DataType::kFloat32);
   std::vector<int64_t> bad = {1, 8, 2, 3};
@@ -201,11 +202,11 @@ TEST(VocabErrors, GroupsOnDeviceMemoryAreRejected) {
   EmbeddingOptions e;
   e.num_embeddings = 8;
   e.embedding_dim = 2;
-  ExpectCode(VocabParallelEmbedding::Create(e, *comm).status(), absl::StatusCode::kInvalidArgument,
-             "group tp does not communicate host memory");
+  ExpectCode(VocabParallelEmbedding::Create(e, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kInvalidArgument, "group tp does not communicate host memory");
   CrossEntropyOptions c;
   c.vocab_size = 8;
-  ExpectCode(VocabParallelCrossEntropy::Create(c, *comm).status(),
+  ExpectCode(VocabParallelCrossEntropy::Create(c, GroupHandle::Fixed(comm.get())).status(),
              absl::StatusCode::kInvalidArgument, "group tp does not communicate host memory");
 }
 
@@ -214,28 +215,28 @@ TEST(CrossEntropyErrors, CreateAndCall) {
   auto comm = group.Comm(0);
   CrossEntropyOptions o;
   o.vocab_size = 9;
-  ExpectCode(VocabParallelCrossEntropy::Create(o, *comm).status(),
+  ExpectCode(VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get())).status(),
              absl::StatusCode::kInvalidArgument, "vocab_size 9 must be positive and divisible");
   o.vocab_size = 8;
   for (double bad : {1.0, -0.1, std::nan("")}) {
     o.label_smoothing = bad;
-    ExpectCode(VocabParallelCrossEntropy::Create(o, *comm).status(),
+    ExpectCode(VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get())).status(),
                absl::StatusCode::kInvalidArgument, "is outside [0, 1)");
   }
   o.label_smoothing = 0;
   o.dtype = DataType::kInt8;
-  ExpectCode(VocabParallelCrossEntropy::Create(o, *comm).status(),
+  ExpectCode(VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get())).status(),
              absl::StatusCode::kInvalidArgument, "dtype int8");
   o.dtype = DataType::kFloat32;
   o.memory = MemoryKind::kCuda;
-  ExpectCode(VocabParallelCrossEntropy::Create(o, *comm).status(), absl::StatusCode::kUnimplemented,
-             "host memory only");
+  ExpectCode(VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get())).status(),
+             absl::StatusCode::kUnimplemented, "host memory only");
   o.memory = MemoryKind::kHost;
   o.timeout = absl::ZeroDuration();
-  ExpectCode(VocabParallelCrossEntropy::Create(o, *comm).status(),
+  ExpectCode(VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get())).status(),
              absl::StatusCode::kInvalidArgument, "timeout");
   o.timeout = absl::Seconds(5);
-  auto ce = VocabParallelCrossEntropy::Create(o, *comm);
+  auto ce = VocabParallelCrossEntropy::Create(o, GroupHandle::Fixed(comm.get()));
   ASSERT_TRUE(ce.ok());
   HostMatrix z(2, 4, DataType::kFloat32), wide(2, 8, DataType::kFloat32);
   std::vector<float> loss(2), lse(2), g(2);

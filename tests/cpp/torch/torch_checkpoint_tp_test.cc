@@ -28,7 +28,8 @@ constexpr int64_t kHidden = 8, kFfn = 16, kVocab = 16;
 
 // An embedding, a column- then row-parallel linear and a whole LayerNorm.
 struct TpNetImpl : ::torch::nn::Module {
-  TpNetImpl(Communicator& tp, uint64_t seed) {
+  TpNetImpl(Communicator& comm, uint64_t seed) {
+    const GroupHandle tp = GroupHandle::Fixed(&comm);
     emb = register_module(
         "emb", VocabParallelEmbedding(EmbeddingOptions{kVocab, kHidden}, tp, InitOptions{seed}));
     ParallelMLPOptions mo;
@@ -112,7 +113,7 @@ Saved SaveAtTp2(const std::string& dir) {
     st.whole_replica = {rank, kTp};  // whole tensors: one copy per tp rank
     CheckpointOptions co;
     co.directory = dir;
-    co.comm = ck.get();
+    co.group = GroupHandle::Fixed(ck.get());
     co.commit_timeout = absl::Seconds(60);
     results[rank] = SaveModuleStateSync(co, 5, st);
     for (auto& p : net->named_parameters()) {
@@ -150,7 +151,7 @@ void LoadAtTp(const std::string& dir, int tp_size, const Saved& ref) {
     st.optimizer = &adam;
     LoadOptions lo;
     lo.directory = dir;
-    lo.comm = ld.get();
+    lo.group = GroupHandle::Fixed(ld.get());
     lo.timeout = absl::Seconds(60);
     absl::StatusOr<LoadReport> r = LoadModuleState(lo, st);
     ASSERT_TRUE(r.ok()) << "tp " << tp_size << " rank " << rank << ": " << r.status();

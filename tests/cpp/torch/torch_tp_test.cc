@@ -62,7 +62,8 @@ TEST_P(TorchAdapterTest, ParallelMLPMatchesUnshardedMLP) {
   y.pow(2).sum().backward();
 
   RunRanks(tp, [&](int rank, Communicator& comm) {
-    nn::ParallelMLP mlp(nn::ParallelMLPOptions{hidden, ffn}, comm, nn::InitOptions{seed});
+    nn::ParallelMLP mlp(nn::ParallelMLPOptions{hidden, ffn}, GroupHandle::Fixed(&comm),
+                        nn::InitOptions{seed});
     const int64_t f_l = ffn / tp;
     // Initial weights are the shards of the unsharded layers'.
     EXPECT_TRUE(mlp->fc1->weight.equal(fc1->weight.narrow(0, rank * f_l, f_l)));
@@ -93,7 +94,7 @@ TEST_P(TorchAdapterTest, SequenceParallelColumnLinearGathersThreeDimensionalInpu
     o.in_features = in;
     o.out_features = out;
     o.sequence_parallel = true;
-    nn::ColumnParallelLinear layer(o, comm, nn::InitOptions{11});
+    nn::ColumnParallelLinear layer(o, GroupHandle::Fixed(&comm), nn::InitOptions{11});
     const int64_t s_l = seq / tp, o_l = out / tp;
     Tensor xs = x.narrow(0, rank * s_l, s_l).clone().requires_grad_();
     Tensor ys = layer->forward(xs);
@@ -131,7 +132,7 @@ TEST_P(TorchAdapterTest, EmbeddingAndCrossEntropyMatchTorch) {
     EmbeddingOptions eo;
     eo.num_embeddings = vocab;
     eo.embedding_dim = dim;
-    nn::VocabParallelEmbedding emb(eo, comm, nn::InitOptions{21});
+    nn::VocabParallelEmbedding emb(eo, GroupHandle::Fixed(&comm), nn::InitOptions{21});
     EXPECT_TRUE(emb->weight.equal(table.detach().narrow(0, rank * v_l, v_l)));
     Tensor out = emb->forward(ids);
     EXPECT_LE(RelErr(out, emb_out_ref), 1e-6);
@@ -141,7 +142,7 @@ TEST_P(TorchAdapterTest, EmbeddingAndCrossEntropyMatchTorch) {
     CrossEntropyOptions co;
     co.vocab_size = vocab;
     co.label_smoothing = 0.1;
-    nn::VocabParallelCrossEntropyLoss xent(co, comm);
+    nn::VocabParallelCrossEntropyLoss xent(co, GroupHandle::Fixed(&comm));
     Tensor logits = logits_ref.detach().narrow(1, rank * v_l, v_l).clone().requires_grad_();
     Tensor loss = xent->forward(logits, target);
     EXPECT_LE(RelErr(loss, loss_ref), 1e-5);
@@ -159,7 +160,7 @@ TEST(TorchAdapterErrors, InvalidOptionsThrowTheStatusMessage) {
   o.in_features = 4;
   o.out_features = 3;
   try {
-    nn::ColumnParallelLinear layer(o, *comm);
+    nn::ColumnParallelLinear layer(o, GroupHandle::Fixed(comm.get()));
     FAIL() << "no exception";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("out_features 3 is not divisible by the size 2"),
@@ -167,7 +168,7 @@ TEST(TorchAdapterErrors, InvalidOptionsThrowTheStatusMessage) {
         << e.what();
   }
   o.out_features = 4;
-  nn::ColumnParallelLinear layer(o, *comm);
+  nn::ColumnParallelLinear layer(o, GroupHandle::Fixed(comm.get()));
   EXPECT_THROW(layer->forward(::torch::zeros({2, 5})), c10::Error);  // wrong features
   EXPECT_THROW(layer->forward(::torch::zeros({2, 4}, ::torch::kInt32)), c10::Error);  // dtype
 }

@@ -21,11 +21,12 @@
 //
 //   strata::EmbeddingOptions e;
 //   e.num_embeddings = 50304; e.embedding_dim = 1024;
-//   auto emb = strata::VocabParallelEmbedding::Create(e, *tp);          // StatusOr
+//   strata::GroupHandle tp = world->Handle("tp").value();
+//   auto emb = strata::VocabParallelEmbedding::Create(e, tp);           // StatusOr
 //   (*emb)->Forward({ids, n, weight, output});
 //   strata::CrossEntropyOptions c;
 //   c.vocab_size = 50304; c.label_smoothing = 0.1;
-//   auto xent = strata::VocabParallelCrossEntropy::Create(c, *tp);
+//   auto xent = strata::VocabParallelCrossEntropy::Create(c, tp);
 //   (*xent)->Forward({logits, targets, loss, lse});
 //   (*xent)->Backward({logits, targets, lse, grad_loss, grad_logits});
 //
@@ -35,8 +36,13 @@
 // views, label smoothing outside [0, 1) are InvalidArgument naming the
 // values; collective failures come back with the layer and step prepended.
 //
-// Thread-safety: an object is not thread-safe (scratch buffers); the
-// communicator must outlive it.
+// The group is a handle, pinned at Create and resolved at each call, as
+// the linear layers' (linear.h): a World rebuild that keeps this rank's
+// rank and the group's size is followed, one that changes them fails the
+// call with FailedPrecondition naming both generations. Without a World:
+// GroupHandle::Fixed(&comm), and the communicator must outlive the object.
+//
+// Thread-safety: an object is not thread-safe (scratch buffers).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +54,7 @@
 #include "absl/time/time.h"
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 #include "strata/parallel/tensor_parallel/matrix.h"
 
 namespace strata {
@@ -92,7 +99,7 @@ struct STRATA_EXPORT EmbeddingBackward {
 class STRATA_EXPORT VocabParallelEmbedding {
  public:
   static absl::StatusOr<std::unique_ptr<VocabParallelEmbedding>> Create(
-      const EmbeddingOptions& options, Communicator& group);
+      const EmbeddingOptions& options, const GroupHandle& group);
   ~VocabParallelEmbedding();
 
   absl::Status Forward(const EmbeddingForward& args);
@@ -104,12 +111,14 @@ class STRATA_EXPORT VocabParallelEmbedding {
   int64_t vocab_end() const { return start_ + local_; }
 
  private:
-  VocabParallelEmbedding(const EmbeddingOptions& options, Communicator& group);
+  VocabParallelEmbedding(const EmbeddingOptions& options, GroupHandle group,
+                         const Communicator& comm);
   absl::Status CheckIds(const int64_t* ids, int64_t n) const;
   absl::Status CheckRows(int64_t num_ids, int64_t* out_rows) const;
 
   const EmbeddingOptions options_;
-  Communicator& group_;
+  const GroupHandle group_;  // pinned at Create, resolved at each call
+  const int size_;
   const int64_t local_;
   const int64_t start_;
   std::unique_ptr<tp_internal::Kernels> kernels_;
@@ -155,7 +164,7 @@ struct STRATA_EXPORT CrossEntropyBackward {
 class STRATA_EXPORT VocabParallelCrossEntropy {
  public:
   static absl::StatusOr<std::unique_ptr<VocabParallelCrossEntropy>> Create(
-      const CrossEntropyOptions& options, Communicator& group);
+      const CrossEntropyOptions& options, const GroupHandle& group);
   ~VocabParallelCrossEntropy();
 
   absl::Status Forward(const CrossEntropyForward& args);
@@ -166,12 +175,14 @@ class STRATA_EXPORT VocabParallelCrossEntropy {
   int64_t vocab_end() const { return start_ + local_; }
 
  private:
-  VocabParallelCrossEntropy(const CrossEntropyOptions& options, Communicator& group);
+  VocabParallelCrossEntropy(const CrossEntropyOptions& options, GroupHandle group,
+                            const Communicator& comm);
   absl::Status CheckLogits(const ConstMatrixRef& logits, const char* which) const;
   absl::Status CheckTargets(const int64_t* target, int64_t n) const;
 
   const CrossEntropyOptions options_;
-  Communicator& group_;
+  const GroupHandle group_;  // pinned at Create, resolved at each call
+  const int size_;
   const int64_t local_;
   const int64_t start_;
   std::unique_ptr<tp_internal::Kernels> kernels_;

@@ -34,7 +34,7 @@
 //
 //   strata::LinearOptions o;
 //   o.in_features = 1024; o.out_features = 4096; o.sequence_parallel = true;
-//   auto fc1 = strata::ColumnParallelLinear::Create(o, *tp_group);   // StatusOr
+//   auto fc1 = strata::ColumnParallelLinear::Create(o, world->Handle("tp").value());  // StatusOr
 //   STRATA_ASSIGN_OR_RETURN(strata::LinearShapes s, (*fc1)->Shapes(local_rows));
 //   strata::LinearForward f{input, weight, bias, output};
 //   STRATA_RETURN_IF_ERROR((*fc1)->Forward(f));
@@ -49,9 +49,18 @@
 // CUDA memory in a build without CUDA is Unimplemented; a collective's
 // failure is returned with the layer and step prepended.
 //
+// The group: a layer holds a handle (strata/parallel/group_handle.h), pinned
+// at Create to this rank's rank and the group's size (the weights are
+// sharded for them), and resolves it at each Forward and Backward. It
+// follows a World rebuild that keeps its layout (other replicas left); one
+// that changes it fails Forward/Backward with FailedPrecondition naming both
+// generations and both layouts (build a new layer and load its shards). A
+// communicator without a World: GroupHandle::Fixed(&comm), which must then
+// outlive the layer.
+//
 // Thread-safety: a layer is not thread-safe (its scratch buffers are reused
 // by every call); distinct layers may run concurrently on distinct
-// communicators. The communicator must outlive the layer.
+// communicators.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +73,7 @@
 #include "strata/base/dtype.h"
 #include "strata/base/export.h"
 #include "strata/comm/communicator.h"
+#include "strata/parallel/group_handle.h"
 #include "strata/parallel/tensor_parallel/matrix.h"
 
 namespace strata {
@@ -142,7 +152,7 @@ struct STRATA_EXPORT LinearBackward {
 class STRATA_EXPORT ColumnParallelLinear {
  public:
   static absl::StatusOr<std::unique_ptr<ColumnParallelLinear>> Create(const LinearOptions& options,
-                                                                      Communicator& group);
+                                                                      const GroupHandle& group);
   ~ColumnParallelLinear();
 
   absl::StatusOr<LinearShapes> Shapes(int64_t input_rows) const;
@@ -163,7 +173,7 @@ class STRATA_EXPORT ColumnParallelLinear {
 class STRATA_EXPORT RowParallelLinear {
  public:
   static absl::StatusOr<std::unique_ptr<RowParallelLinear>> Create(const LinearOptions& options,
-                                                                   Communicator& group);
+                                                                   const GroupHandle& group);
   ~RowParallelLinear();
 
   absl::StatusOr<LinearShapes> Shapes(int64_t input_rows) const;

@@ -14,18 +14,28 @@
 //
 // Ranks on one host (host copies, host_copy.h): when every rank of a group
 // can read every other's memory with process_vm_readv (Linux cross-memory
-// attach: same host, same user, no ptrace restriction in the way), the
-// collectives skip TCP: each rank copies what it needs straight out of its
-// peers' buffers (one copy, by the reader, instead of TCP's two through the
-// kernel's socket buffers), and the ranks publish their buffers' addresses
-// and fence on a page of POSIX shared memory (futex rounds) instead of
-// exchanging messages, each of which costs a notify and a transfer between
-// Gloo threads. Point-to-point transfers stay on Gloo's transport. Connect
-// decides: each rank publishes its pid and the address of a random word;
-// every rank reads every peer's word and maps rank 0's page, and the group
-// agrees (one round of messages) to use host copies only if every rank
-// could. STRATA_GLOO_CMA=0 turns them off (for comparison, or where a
-// security policy forbids them).
+// attach: same host, same user, no ptrace restriction in the way),
+// allreduce, allgather, reduce-scatter, broadcast and all-to-all skip TCP:
+// each rank copies what it needs straight out of its peers' buffers (one
+// copy, by the reader, instead of TCP's two through the kernel's socket
+// buffers), and the ranks publish their buffers' addresses and fence on a
+// page of POSIX shared memory (futex rounds) instead of exchanging messages,
+// each of which costs a notify and a transfer between Gloo threads.
+// Point-to-point messages take the same page (HostSend / HostRecv,
+// host_p2p.h): one copy from the sender's buffer into the receiver's. Reduce,
+// all-to-all-v and barrier stay on Gloo's transport: no benchmark row
+// measures them (benchmarks/RESULTS.md, busbw_torchrun, has a row for each
+// path kept). Connect decides: each rank publishes its pid and the address
+// of a random word; every rank reads every peer's word and maps rank 0's
+// page, and the group agrees (one round of messages) to use host copies
+// only if every rank could. STRATA_GLOO_CMA=0 turns them off (for
+// comparison, or where a security policy forbids them); libstrata checks
+// its spelling through the settings registry before connecting, and this
+// plugin, which cannot link libstrata, reads it itself.
+//
+// Over Gloo's transport (several hosts, more than 32 ranks, or host copies
+// off), strata's own algorithms replace Gloo's where the STRATA_GLOO_CMA=0
+// rows of busbw_torchrun show them faster (see kOwnAlgorithmRanks).
 #include <dlfcn.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -300,11 +310,6 @@ class GlooContext final : public Context {
 
   Error Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
                int root, uint32_t tag, int64_t timeout_ms) override {
-    if (host_ != nullptr) {
-      return OnHost("reduce", timeout_ms, [&](const Deadline& d) {
-        host_->Reduce(send, recv, count, elem, fn, root, d);
-      });
-    }
     // Gloo's ring reduce uses the output on every rank as scratch.
     std::vector<char> scratch;
     if (ctx_->rank != root) {
@@ -400,12 +405,6 @@ class GlooContext final : public Context {
   Error AllToAllV(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                   const std::vector<int64_t>& recv_counts, size_t elem, uint32_t tag,
                   int64_t timeout_ms) override {
-    if (host_ != nullptr) {
-      return OnHost("all_to_all_v", timeout_ms, [&](const Deadline& d) {
-        host_->AllToAllV(static_cast<const char*>(send), send_counts, static_cast<char*>(recv),
-                         recv_counts, elem, d);
-      });
-    }
     return BySize(elem, [&](auto t) {
       using T = decltype(t);
       return Guard("all_to_all_v", [&] {
@@ -420,9 +419,6 @@ class GlooContext final : public Context {
   }
 
   Error Barrier(uint32_t tag, int64_t timeout_ms) override {
-    if (host_ != nullptr) {
-      return OnHost("barrier", timeout_ms, [&](const Deadline& d) { host_->Barrier(d); });
-    }
     return Guard("barrier", [&] {
       ::gloo::BarrierOptions opts(ctx_);
       opts.setTag(tag);
@@ -621,7 +617,9 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   if (!e.ok()) return e;
   std::vector<int64_t> pids(static_cast<size_t>(n), 0);
   pids[static_cast<size_t>(me)] = static_cast<int64_t>(getpid());
-  bool can_read_peers = HostCopyWanted() && n <= kOwnAlgorithmRanks;
+  Error setting;
+  bool can_read_peers = HostCopyWanted(&setting) && n <= kOwnAlgorithmRanks;
+  if (!setting.ok()) return setting;
   BoardName board_name;
   std::unique_ptr<HostBoard> board;
   if (n > 1) {

@@ -16,8 +16,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
+
+#include "base/bool_setting.h"
 
 namespace strata::gloo_plugin {
 namespace {
@@ -61,9 +64,16 @@ const uint64_t& ProbeWord() {
   return word;
 }
 
-bool HostCopyWanted() {
+bool HostCopyWanted(Error* error) {
   const char* env = std::getenv("STRATA_GLOO_CMA");
-  return env == nullptr || std::string(env) != "0";
+  if (env == nullptr || *env == '\0') return true;
+  const std::optional<bool> wanted = settings_internal::ParseBool(env);
+  if (!wanted) {
+    *error = {kInvalidArgument, std::string("STRATA_GLOO_CMA='") + env +
+                                    "' is not a boolean (0/1/true/false); see docs/launch.md"};
+    return false;
+  }
+  return *wanted;
 }
 
 namespace {
@@ -193,14 +203,12 @@ void HostGroup::Round(const Deadline& deadline) {
 // another would have its peers read past its buffers, so every rank
 // checks every other's (each sees a mismatch, so all fail, none waits).
 void HostGroup::ShareRegions(const void* in, const void* out, size_t bytes,
-                             const Deadline& deadline, std::vector<Region>* at,
-                             const int64_t* counts) {
+                             const Deadline& deadline, std::vector<Region>* at) {
   const int n = size_;
   HostBoard::Slot& mine = board_->slot(rank_);
   mine.in = Address(in);
   mine.out = Address(out);
   mine.bytes = bytes;
-  mine.counts = Address(counts);
   Round(deadline);
   at->resize(static_cast<size_t>(n));
   for (int p = 0; p < n; ++p) {
@@ -211,7 +219,7 @@ void HostGroup::ShareRegions(const void* in, const void* out, size_t bytes,
                               " (every rank must pass the same size)",
                           kInvalidArgument);
     }
-    (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out, theirs.counts};
+    (*at)[static_cast<size_t>(p)] = Region{theirs.in, theirs.out};
   }
 }
 
@@ -279,19 +287,6 @@ void HostGroup::Broadcast(void* data, size_t bytes, int root, const Deadline& de
   Fence(deadline);
 }
 
-void HostGroup::Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn,
-                       int root, const Deadline& deadline) {
-  // The root adds every peer's buffer to its own.
-  std::vector<Region> at;
-  ShareRegions(send, recv, count * elem, deadline, &at);
-  if (rank_ == root) {
-    std::vector<char> piece(std::min(kHostReduceChunk, count * elem + elem));
-    ReduceFromPeers(static_cast<char*>(recv), static_cast<const char*>(send), at, 0, count, elem,
-                    fn, piece);
-  }
-  Fence(deadline);
-}
-
 void HostGroup::AllGather(char* out, size_t block_bytes, const Deadline& deadline) {
   std::vector<Region> at;
   ShareRegions(out, out, block_bytes, deadline, &at);
@@ -334,50 +329,6 @@ void HostGroup::AllToAll(const char* send, char* recv, size_t block_bytes,
          recv + static_cast<size_t>(p) * block_bytes, block_bytes);
   }
   Fence(deadline);
-}
-
-// Each rank publishes where its send counts are; each reads every peer's
-// (n int64 values), finds its block in the peer's buffer and copies it.
-// The ranks must agree on the element size (checked as a collective's
-// size); a block whose length is not what this rank expects is skipped
-// and, after the fence (so that no rank waits for this one), reported
-// with both counts.
-void HostGroup::AllToAllV(const char* send, const std::vector<int64_t>& send_counts, char* recv,
-                          const std::vector<int64_t>& recv_counts, size_t elem,
-                          const Deadline& deadline) {
-  const int n = size_, r = rank_;
-  std::vector<Region> at;
-  ShareRegions(send, recv, elem, deadline, &at, send_counts.data());
-  std::vector<int64_t> theirs(static_cast<size_t>(n));
-  size_t recv_offset = 0;
-  std::string mismatch;
-  for (int p = 0; p < n; ++p) {
-    const size_t want = static_cast<size_t>(recv_counts[static_cast<size_t>(p)]) * elem;
-    if (p == r) {
-      theirs = send_counts;
-    } else {
-      Pull(p, at[static_cast<size_t>(p)].counts, theirs.data(), theirs.size() * sizeof(int64_t));
-    }
-    size_t offset = 0;
-    for (int k = 0; k < r; ++k) offset += static_cast<size_t>(theirs[static_cast<size_t>(k)]);
-    offset *= elem;
-    const size_t len = static_cast<size_t>(theirs[static_cast<size_t>(r)]) * elem;
-    if (len != want) {
-      if (mismatch.empty()) {
-        mismatch = "rank " + std::to_string(p) + " sends " +
-                   std::to_string(theirs[static_cast<size_t>(r)]) +
-                   " elements to this rank, which expects " +
-                   std::to_string(recv_counts[static_cast<size_t>(p)]);
-      }
-    } else if (p == r) {
-      std::memcpy(recv + recv_offset, send + offset, len);
-    } else {
-      Pull(p, at[static_cast<size_t>(p)].in + offset, recv + recv_offset, len);
-    }
-    recv_offset += want;
-  }
-  Fence(deadline);
-  if (!mismatch.empty()) throw HostCopyError(mismatch, kInvalidArgument);
 }
 
 }  // namespace strata::gloo_plugin

@@ -1,8 +1,12 @@
 // Host copies for the Gloo plugin: collectives among ranks of one host that
 // read each other's buffers with process_vm_readv (cross-memory attach) and
 // meet on a page of POSIX shared memory (HostBoard) instead of exchanging
-// messages through Gloo's TCP transport. gloo_plugin.cc says when a group
-// uses them (Connect) and docs/launch.md describes the algorithms.
+// messages through Gloo's TCP transport: allreduce, allgather,
+// reduce-scatter, broadcast and all-to-all, the operations whose rows in
+// benchmarks/RESULTS.md (busbw_torchrun) show what they gain; the board
+// also carries the point-to-point channels of host_p2p.h. gloo_plugin.cc
+// says when a group uses them (Connect) and docs/launch.md describes the
+// algorithms.
 //
 // Thread-safety: a HostGroup's collectives run on one thread at a time (the
 // communicator's worker); Close may be called from any thread.
@@ -63,8 +67,11 @@ struct HostRecord {
   uint64_t word = 0;   // the word's value
 };
 
-// False when STRATA_GLOO_CMA=0.
-bool HostCopyWanted();
+// STRATA_GLOO_CMA, spelled as the settings registry spells it
+// (strata/base/settings.h, which libstrata checks before connecting; the
+// plugin cannot link it and reads the variable itself). False, with
+// `error` set, for a value that is not a boolean.
+bool HostCopyWanted(Error* error);
 
 // A failed host copy or round, with the Error code to report: kUnavailable
 // (a peer is gone, or closed the group), kDeadlineExceeded,
@@ -149,8 +156,7 @@ class HostBoard {
     std::atomic<uint32_t> round;  // the last round this rank reached (a futex word)
     uint64_t in;                  // the addresses it published in that round
     uint64_t out;
-    uint64_t bytes;   // and the size of its operation, which must be every rank's
-    uint64_t counts;  // all-to-all-v: the address of its send counts (int64 per rank)
+    uint64_t bytes;  // and the size of its operation, which must be every rank's
   };
 
   // Rank 0: creates the page of an `n`-rank group; its name, or empty.
@@ -203,16 +209,11 @@ class HostGroup {
   void AllReduce(char* data, size_t count, size_t elem, const ReduceFn& fn,
                  const Deadline& deadline);
   void Broadcast(void* data, size_t bytes, int root, const Deadline& deadline);
-  void Reduce(const void* send, void* recv, size_t count, size_t elem, const ReduceFn& fn, int root,
-              const Deadline& deadline);
   // `out` holds this rank's block already.
   void AllGather(char* out, size_t block_bytes, const Deadline& deadline);
   void ReduceScatter(const char* send, char* recv, size_t count, size_t elem, const ReduceFn& fn,
                      const Deadline& deadline);
   void AllToAll(const char* send, char* recv, size_t block_bytes, const Deadline& deadline);
-  void AllToAllV(const char* send, const std::vector<int64_t>& send_counts, char* recv,
-                 const std::vector<int64_t>& recv_counts, size_t elem, const Deadline& deadline);
-  void Barrier(const Deadline& deadline) { Round(deadline); }
   // Marks the group closed and wakes every rank waiting in a round (here
   // and in the peers): their operations fail, naming this rank.
   void Close();
@@ -222,12 +223,11 @@ class HostGroup {
   struct Region {
     uint64_t in = 0;
     uint64_t out = 0;
-    uint64_t counts = 0;  // all-to-all-v only
   };
 
   void Round(const Deadline& deadline);
   void ShareRegions(const void* in, const void* out, size_t bytes, const Deadline& deadline,
-                    std::vector<Region>* at, const int64_t* counts = nullptr);
+                    std::vector<Region>* at);
   // Returns once every rank reached its fence (one round): until then no
   // rank's buffers may change, because peers may still be reading them.
   void Fence(const Deadline& deadline) { Round(deadline); }

@@ -23,7 +23,7 @@ class LinearEngine {
  public:
   static absl::StatusOr<std::unique_ptr<LinearEngine>> Create(LinearKind kind,
                                                               const LinearOptions& options,
-                                                              Communicator& group);
+                                                              const GroupHandle& group);
 
   absl::StatusOr<LinearShapes> Shapes(int64_t input_rows) const;
   absl::Status Forward(const LinearForward& args);
@@ -45,8 +45,12 @@ class LinearEngine {
     kGatheredGradInput,
   };
 
-  LinearEngine(LinearKind kind, const LinearOptions& options, Communicator& group,
-               std::unique_ptr<Kernels> kernels);
+  // `group` is pinned; `comm` is what it resolved to at creation.
+  LinearEngine(LinearKind kind, const LinearOptions& options, GroupHandle group,
+               const Communicator& comm, std::unique_ptr<Kernels> kernels);
+
+  // Resolves the group (at each Forward and Backward) into ctx_.comm.
+  absl::Status ResolveGroup();
 
   absl::Status CheckForward(const LinearForward& args, LinearShapes* shapes) const;
   absl::Status CheckBackward(const LinearBackward& args, LinearShapes* shapes) const;
@@ -61,7 +65,7 @@ class LinearEngine {
 
   const LinearKind kind_;
   const LinearOptions options_;
-  Communicator& group_;
+  const GroupHandle group_;  // pinned
   const int size_;
   const int rank_;
   const int64_t local_;

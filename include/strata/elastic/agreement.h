@@ -1,0 +1,94 @@
+// Agreement: the survivors of an epoch agree on one decision (the failed
+// set, the ranks leaving with their dropped replicas, the new epoch and its
+// mesh), or every one of them fails with an error naming what it waited for.
+//
+// StoreAgreement (Gloo, NCCL, and MPI when a store exists). After the
+// epoch's alarm, every live rank checks in (alive/<rank>, done by its
+// monitor as soon as it sees the alarm). The first rank to CompareSet the
+// epoch's leader key leads: it waits until every member of the epoch has
+// either checked in or been shown failed (suspect/<rank> evidence written by
+// monitors: a stale heartbeat, a process gone; the leader also probes
+// members on its own host through /proc), or `settle_timeout` passes (the
+// silent ones are then taken as failed); then it plans the regroup
+// (PlanRegroup) and CompareSets the decision. The others wait for the
+// decision; when the leader does not deliver within `decision_timeout`, the
+// next rank takes the leadership over (CompareSet with the old leader's id),
+// at most `max_leader_takeovers` times. Two leaders cannot write different
+// decisions: the decision key is written once (CompareSet from empty).
+//
+// No split brain: the decision is "stop" unless more than half of the
+// epoch's members checked in; every rank that reads a stop fails with
+// FailedPrecondition naming the counts. A rank the decision takes as failed
+// (it was silent, e.g. stopped, and resumed) gets Aborted saying so.
+//
+// Costs per recovery: the leader reads every member's check-in once (O(world)
+// store reads) and then polls only the missing ones; every other rank does
+// O(1) operations (check in, one CompareSet, one blocking read).
+//
+// Thread-safety: Agree is called by one thread per rank.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "strata/base/export.h"
+#include "strata/comm/store.h"
+#include "strata/elastic/event.h"
+#include "strata/elastic/membership.h"
+#include "strata/elastic/options.h"
+
+namespace strata::elastic {
+
+struct STRATA_EXPORT Decision {
+  enum class Kind : uint8_t { kContinue, kStop };
+  Kind kind = Kind::kContinue;
+  // The epoch the decision is about, and the next one.
+  uint64_t epoch = 0;
+  uint64_t next_epoch = 0;
+  // Job ranks, sorted.
+  std::vector<int> failed;
+  std::vector<std::string> failed_why;  // same order as `failed`
+  std::vector<int> leaving;
+  // The next epoch's mesh (kContinue).
+  MeshSpec mesh;
+  // Why the job stops (kStop).
+  std::string stop_reason;
+  Detection cause;
+  int leader = -1;
+  // When the last live member knew of the alarm (the check-ins' times).
+  absl::Time known_by_all_at = absl::InfinitePast();
+  absl::Time decided_at = absl::InfinitePast();
+
+  // The next epoch's membership: `current`'s members without the failed
+  // and leaving ranks, in order.
+  Membership Next(const Membership& current) const;
+  std::string Encode() const;
+  static absl::StatusOr<Decision> Decode(absl::string_view text);
+};
+
+class STRATA_EXPORT Agreement {
+ public:
+  virtual ~Agreement() = default;
+  // Collective over the live members of `current` (after its alarm):
+  // returns the same decision on every rank. `suspects`: job ranks this
+  // rank's backend reported failed.
+  virtual absl::StatusOr<Decision> Agree(const Membership& current, int rank,
+                                         const std::vector<int>& suspects) = 0;
+  virtual const char* name() const = 0;
+};
+
+// The store path (see the header comment). Members check in through their
+// HeartbeatMonitor (or CheckInForTest); Agree reads the epoch's alarm.
+STRATA_EXPORT std::unique_ptr<Agreement> MakeStoreAgreement(std::shared_ptr<Store> store,
+                                                            const ElasticOptions& options);
+
+// Checks `rank` in for `epoch` without a monitor (tests, and ranks whose
+// monitor could not): what HeartbeatMonitor::CheckIn writes.
+STRATA_EXPORT absl::Status CheckInForTest(Store& store, const ElasticOptions& options,
+                                          uint64_t epoch, int rank);
+
+}  // namespace strata::elastic

@@ -1,0 +1,214 @@
+// ElasticLoop: in-process recovery for a training loop. It runs the user's
+// steps; when a rank fails it aborts this rank's communicators, agrees with
+// the other survivors on the failed set and a new epoch, shrinks the root
+// communicator and rebuilds the World on a smaller mesh (dp shrinks by the
+// replicas that lost a rank), lets the caller restore its state to the last
+// committed step, and goes on with the step that failed.
+//
+//   auto loop = strata::elastic::ElasticLoop::Create(*world, store, options);
+//   strata::elastic::LoopCallbacks cb;
+//   cb.step = [&](const strata::elastic::StepContext& ctx) { ...forward, backward,
+//                                                          reductions...; return status; };
+//   cb.apply = [&](const strata::elastic::StepContext& ctx) { ...optimizer step...; };
+//   cb.restore = [&](strata::elastic::RecoveryEvent& e) { ...zero grads...; };
+//   absl::StatusOr<strata::elastic::LoopResult> r = (*loop)->Run(cb, 0, num_steps);
+//
+// A loop written by hand uses the same steps: BeginStep(n); run the step;
+// on an error ReportFailure(error); Commit(n, ok) -> apply the step when
+// true; otherwise Recover() and redo step n (docs/elastic.md).
+//
+// Detection (every source bounded and reported in the event): an error of
+// the step (ReportFailure), the heartbeat monitor (a hung or dead rank), the
+// epoch's alarm raised by any other rank (the loop's aborter thread aborts
+// this rank's World at once, so a step blocked in a collective returns; the
+// monitor's heartbeats never wait for that abort), the commit
+// aborted. Agreement: agreement.h. Commit: step_commit.h. Regroup:
+// World::root().Shrink(ranks not in the new epoch), World::Rebuild(new root,
+// new mesh), and a barrier over the new world. A failure during a recovery
+// starts it again with the next epoch (at most options.max_attempts).
+//
+// Live ranks of a dropped replica leave (Recover returns kLeave): they take
+// no part in the shrink. A rank the decision takes as failed (it was hung
+// and resumed) gets Aborted from Recover; a minority partition gets
+// FailedPrecondition naming the counts; so does a mesh without a complete
+// replica.
+//
+// Thread-safety: one thread drives the loop (BeginStep, Commit, Recover,
+// Run); ReportFailure, RequestChange, alarmed() and events() may be called
+// from any thread. The World must outlive the loop; nobody else may rebuild
+// it meanwhile.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "strata/base/export.h"
+#include "strata/comm/store.h"
+#include "strata/elastic/agreement.h"
+#include "strata/elastic/event.h"
+#include "strata/elastic/heartbeat.h"
+#include "strata/elastic/membership.h"
+#include "strata/elastic/options.h"
+#include "strata/elastic/step_commit.h"
+#include "strata/parallel/world.h"
+
+namespace strata::elastic {
+
+// What a step sees.
+struct STRATA_EXPORT StepContext {
+  int64_t step = 0;
+  World* world = nullptr;
+  const Membership* membership = nullptr;
+};
+
+struct STRATA_EXPORT LoopCallbacks {
+  // Forward, backward and every gradient reduction of `ctx.step`, without
+  // applying the update. An error (a peer lost, an abort) starts a recovery.
+  std::function<absl::Status(const StepContext& ctx)> step;
+  // Applies the step's update (the optimizer), once every rank committed it.
+  std::function<absl::Status(const StepContext& ctx)> apply;
+  // Brings the state back to the last committed step after a regroup
+  // (zero the gradients, restore what a failed step may have touched, or
+  // load a checkpoint: set event.restored_from). Optional.
+  std::function<absl::Status(RecoveryEvent& event)> restore;
+  // After every recovery (rescale the learning rate, rebuild a pipeline
+  // schedule, log). Optional.
+  std::function<void(const RecoveryEvent& event)> on_world_changed;
+};
+
+struct STRATA_EXPORT LoopResult {
+  // The next step to run: end_step when the loop finished.
+  int64_t next_step = 0;
+  // True when this rank left (its replica was dropped).
+  bool left = false;
+  std::vector<RecoveryEvent> events;
+};
+
+// Hooks into the owner of the World (the Python bindings' lock) and of the
+// store.
+struct STRATA_EXPORT ElasticHooks {
+  // Aborts every communicator of the World, from any thread, at once.
+  // Default: World::AbortAll.
+  std::function<void()> abort_all;
+  // A second connection to the same store for the monitor thread. Needed
+  // where a store's client serialises its operations (torch's TCPStore
+  // holds one lock per client across a blocking wait): otherwise the main
+  // thread's wait for a step commit or a decision holds this rank's
+  // heartbeat back and the others take it as hung. Default (null): `store`.
+  std::shared_ptr<Store> monitor_store;
+};
+
+class STRATA_EXPORT ElasticLoop {
+ public:
+  // Starts the monitor for epoch 1 over `world` (generation 1, the whole
+  // job: its root ranks are the job ranks). InvalidArgument for bad options
+  // or a null `store` (every agreement goes through a store).
+  static absl::StatusOr<std::unique_ptr<ElasticLoop>> Create(World& world,
+                                                             std::shared_ptr<Store> store,
+                                                             const ElasticOptions& options,
+                                                             ElasticHooks hooks = {});
+  ~ElasticLoop();
+  ElasticLoop(const ElasticLoop&) = delete;
+  ElasticLoop& operator=(const ElasticLoop&) = delete;
+
+  // This rank's job rank, and the current epoch's membership.
+  int rank() const { return rank_; }
+  const Membership& membership() const { return membership_; }
+  const ElasticOptions& options() const { return options_; }
+
+  // Marks the start of `step`: what an alarm aborts. Aborted when the
+  // epoch's alarm is already known (recover first).
+  absl::Status BeginStep(int64_t step);
+  // Votes for `step` (step_commit.h). True: apply it. False: abandon it,
+  // Recover, and run it again.
+  absl::StatusOr<bool> Commit(int64_t step, bool ok = true);
+  // An operation of this rank failed: raises the epoch's alarm (unless
+  // raised), which aborts this rank's World, and remembers the failed ranks
+  // the error names (kRankFailurePayload).
+  void ReportFailure(const absl::Status& error);
+  // A planned membership change: `evict` (job ranks, alive) leave with
+  // their replicas, as if they had failed; empty: the survivors regroup
+  // onto the same mesh. Raises the alarm like a failure.
+  absl::Status RequestChange(const std::vector<int>& evict, const std::string& why);
+  // True once this rank knows of the current epoch's alarm.
+  bool alarmed() const;
+
+  enum class Outcome : uint8_t { kContinue, kLeave };
+  struct Recovery {
+    Outcome outcome = Outcome::kContinue;
+    RecoveryEvent event;
+  };
+  // Agrees, regroups and returns the event (restore not yet done: the
+  // caller restores and may set event.restore / restored_from; Run does).
+  absl::StatusOr<Recovery> Recover();
+
+  // Runs steps [first_step, end_step) with recovery (see LoopCallbacks).
+  absl::StatusOr<LoopResult> Run(const LoopCallbacks& callbacks, int64_t first_step,
+                                 int64_t end_step);
+
+  // Every recovery so far on this rank, oldest first.
+  std::vector<RecoveryEvent> events() const;
+  // Records the restore phase of the last event (Python's State does it).
+  void RecordRestore(absl::Time restored_at, const std::string& restored_from);
+
+ private:
+  ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
+              ElasticHooks hooks);
+  // The monitor's reaction to an alarm: hands the abort to the aborter's
+  // thread and returns at once.
+  void OnAlarm(const Detection& alarm, uint64_t epoch);
+  // The aborter's thread: aborts the World (and the step being voted on)
+  // for each alarm OnAlarm hands it. An abort may wait (MPI's waits up to
+  // seconds for pending receives to be cancelled), and the monitor's
+  // heartbeats must never wait behind it: a rank whose heartbeat stalls is
+  // taken as hung by the others.
+  void RunAborter();
+  // The epoch this rank is in (membership_.epoch), for the aborter's thread.
+  std::atomic<uint64_t> epoch_{1};
+  // Held by the aborter while it aborts the World, and by the loop while it
+  // moves to a new epoch: an alarm of an epoch that ended never aborts the
+  // World of the next.
+  std::mutex epoch_mu_;
+  std::mutex abort_mu_;
+  std::condition_variable abort_cv_;
+  std::optional<uint64_t> abort_epoch_;  // guarded by abort_mu_: an abort to do
+  bool abort_stop_ = false;              // guarded by abort_mu_
+  std::thread aborter_;
+  // One attempt; `decided` gets the event of its decision (before the
+  // regroup), so that a later attempt's event can name what this one found.
+  absl::StatusOr<Recovery> RecoverOnce(int attempt, std::vector<RecoveryEvent>& decided);
+  // After the shrink of the regroup to `next`: true when every member's
+  // shrink succeeded; returns only once every member is past its shrink (or
+  // the epoch's alarm says one was lost), so that no member starts the
+  // next attempt's shrink while another is still inside this one.
+  absl::StatusOr<bool> AllShrunk(const Membership& next, bool shrunk);
+
+  World& world_;
+  const std::shared_ptr<Store> store_;
+  const ElasticOptions options_;
+  ElasticHooks hooks_;
+  const int rank_;
+  Membership membership_;
+  // Job ranks of the current World root's ranks (differs from the
+  // membership while a regroup is incomplete).
+  std::vector<int> root_members_;
+  std::unique_ptr<Agreement> agreement_;
+  std::unique_ptr<StepCommit> commit_;
+  std::atomic<int64_t> current_step_{0};
+  mutable std::mutex mu_;
+  std::vector<int> suspects_;  // guarded by mu_
+  std::vector<RecoveryEvent> events_;
+  // Last: stopped first on destruction (its thread calls OnAlarm).
+  std::unique_ptr<HeartbeatMonitor> monitor_;
+};
+
+}  // namespace strata::elastic

@@ -1,0 +1,81 @@
+// Membership: who is in the job now (an epoch), and how a mesh regroups when
+// ranks leave it.
+//
+// A Membership is the value every member of one epoch agrees on: the epoch
+// number (1 at start, +1 at every membership change: a failure, and later an
+// eviction or a join), the job ranks (the ranks of the original world,
+// stable identities) that form the current World in root-rank order, and
+// the mesh spec they are laid out by.
+//
+// PlanRegroup is the arithmetic of "a rank died": model-parallel groups
+// (tp, cp, pp, and on the expert mesh etp, ep, pp) must stay whole, so a
+// data-parallel replica that lost a rank is dropped whole. A replica is the
+// smallest set of ranks closed under membership of those groups (with ep = 1
+// it is one dp slice: every rank with the same dp coordinate; with ep > 1 it
+// is every rank with the same expert-dp coordinate, ep dense slices). The
+// survivors keep their order, their tp/cp/pp (and etp/ep) coordinates and so
+// their shards; only their dp coordinate changes.
+//
+//   absl::StatusOr<strata::elastic::RegroupPlan> plan =
+//       strata::elastic::PlanRegroup(mesh, /*failed root ranks=*/{3});
+//   // dp4 x tp2: plan->leaving == {2}, plan->new_mesh.dp == 3
+//
+// Thread-safety: values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "strata/base/export.h"
+#include "strata/parallel/mesh.h"
+
+namespace strata::elastic {
+
+struct STRATA_EXPORT Membership {
+  // 1 at the start of a job; +1 at every agreed change.
+  uint64_t epoch = 1;
+  // members[i] is the job rank of root rank i of the current World.
+  std::vector<int> members;
+  // The current mesh (spec.world_size == members.size()).
+  MeshSpec mesh;
+
+  // The root rank of `job_rank` in this epoch, or -1 when it is no member.
+  int RootRankOf(int job_rank) const;
+  // "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2".
+  std::string ToString() const;
+};
+
+// The starting membership of a World of `mesh`: epoch 1, job ranks 0..n-1.
+STRATA_EXPORT Membership InitialMembership(const MeshSpec& mesh);
+
+// "dp4 x tp2" (axes of size 1 left out; "1 rank" for a world of one).
+STRATA_EXPORT std::string DescribeMesh(const MeshSpec& spec);
+
+// The replicas of `mesh` (see the header comment), each a sorted list of
+// root ranks, ordered by their smallest rank.
+STRATA_EXPORT std::vector<std::vector<int>> Replicas(const Mesh& mesh);
+
+// What a change of membership does to the current mesh.
+struct STRATA_EXPORT RegroupPlan {
+  // Root ranks (of the current World), each sorted.
+  std::vector<int> failed;     // ranks that are gone
+  std::vector<int> leaving;    // live ranks of replicas that lost a rank
+  std::vector<int> excluded;   // failed + leaving: what Shrink excludes
+  std::vector<int> survivors;  // everyone else, in root-rank order
+  // The mesh of the survivors: the same sizes and order but dp (and edp).
+  MeshSpec new_mesh;
+  int replicas_before = 0;
+  int replicas_after = 0;
+};
+
+// Plans the regroup of `mesh` without the root ranks `failed` (any order,
+// no duplicates, each in [0, world)). FailedPrecondition naming the replicas
+// and what each lost when no complete replica is left; InvalidArgument for
+// a bad rank. An empty `failed` plans a rebuild onto the same mesh.
+STRATA_EXPORT absl::StatusOr<RegroupPlan> PlanRegroup(const Mesh& mesh,
+                                                      absl::Span<const int> failed);
+
+}  // namespace strata::elastic

@@ -1,0 +1,95 @@
+// ElasticOptions: every interval, deadline and policy of in-process
+// recovery, in one struct (the Python strata.elastic.Options mirrors it).
+//
+// The defaults detect a dead rank in well under a second on one host (the
+// backend's error, or a probe of the process), a hung one (SIGSTOP) within
+// `heartbeat_timeout`, and bound every phase of a recovery. Validate()
+// rejects a bad value by name; nothing is silently replaced.
+//
+// Thread-safety: a value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "strata/base/export.h"
+
+namespace strata::elastic {
+
+// What the live ranks of a dropped replica do.
+enum class LeavePolicy : uint8_t {
+  // Leave the job: Recover returns Outcome::kLeave; Python's run() prints
+  // why and exits the process with status 0.
+  kExit,
+  // Return Outcome::kLeave to the caller, who decides (a spare, issue 25).
+  kReturn,
+};
+
+// How the survivors agree on a membership change.
+enum class AgreementKind : uint8_t {
+  // Through the store (the only kind implemented: MPI jobs use a file
+  // store on one host or STRATA_STORE across hosts).
+  kAuto,
+  // Through the store (keys carry the epoch).
+  kStore,
+  // MPIX_Comm_agree / MPIX_Comm_shrink over an elastic control communicator
+  // (MPI backend with ULFM, under mpirun --with-ft ulfm). Not implemented
+  // yet: Validate() returns Unimplemented for it.
+  kUlfm,
+};
+
+STRATA_EXPORT const char* AgreementKindName(AgreementKind kind);
+
+struct STRATA_EXPORT ElasticOptions {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+
+  // A name that separates jobs sharing one store: every key is under
+  // "strata/elastic/<job>/<epoch>/".
+  std::string job = "default";
+
+  // Each rank's monitor thread bumps its heartbeat key and looks at its
+  // ring successor's and at the epoch's alarm key this often.
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  // A successor whose heartbeat has not changed for this long is reported
+  // hung (SIGSTOP, a deadlock outside strata): the alarm is raised.
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Whether monitors also look at a successor on their own host through
+  // /proc (gone, or a zombie): a dead rank is found within one interval
+  // even when nobody is waiting on it in a collective.
+  bool probe_processes = true;
+  // The leader waits at most this long after the alarm for every member to
+  // check in or be shown failed (heartbeat, process probe, backend report);
+  // members still silent then are taken as failed.
+  absl::Duration settle_timeout = absl::Seconds(2);
+  // How long a rank waits for the leader's decision before it takes the
+  // leadership over (the leader may have died), and how many times.
+  absl::Duration decision_timeout = absl::Seconds(10);
+  int max_leader_takeovers = 3;
+  // Shrinking the root and rebuilding the World's groups (every rank).
+  absl::Duration rebuild_timeout = absl::Seconds(60);
+  // The per-step commit: how long a rank waits for every rank's vote. It
+  // only ends a wait nothing else ends (a hung rank is caught by the
+  // heartbeat first), so it is long.
+  absl::Duration commit_timeout = absl::Minutes(10);
+  // A failure during a recovery restarts it with the larger failed set, at
+  // most this many times in a row.
+  int max_attempts = 5;
+
+  AgreementKind agreement = AgreementKind::kAuto;
+  LeavePolicy leave = LeavePolicy::kExit;
+  // Kill (SIGKILL) a rank on this host that was taken as failed while its
+  // process still exists (hung or stopped), so that it cannot resume with
+  // a stale state and the launcher can finish; it would stop by itself on
+  // resuming (it is no member of the new epoch), but a stopped process
+  // never resumes.
+  bool fence_unresponsive = true;
+
+  // InvalidArgument naming the first bad field and its value; Unimplemented
+  // for AgreementKind::kUlfm.
+  absl::Status Validate() const;
+};
+
+}  // namespace strata::elastic

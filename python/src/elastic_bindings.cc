@@ -1,0 +1,213 @@
+// Bindings for the elastic loop (include/strata/elastic/elastic_loop.h):
+// strata._ElasticLoop, which python/strata/elastic.py drives (run, recover,
+// the optimizer's commit hook).
+//
+// The monitor thread calls the store (a torch TCPStore goes through Python
+// callbacks that take the GIL), so every call that may wait for it, and the
+// destructor (which joins the thread), releases the GIL. Recover takes the
+// World's lock exclusively (it shrinks and rebuilds the World); the
+// monitor's abort of the World goes around the lock (WorldRef::abort_all).
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm_access.h"
+#include "registry.h"
+#include "status_map.h"
+#include "store_handle.h"
+#include "strata/elastic/elastic_loop.h"
+#include "strata/elastic/membership.h"
+
+namespace py = pybind11;
+
+namespace strata::bindings {
+namespace {
+
+using elastic::ElasticLoop;
+using elastic::ElasticOptions;
+
+absl::Duration Seconds(const py::dict& d, const char* key, absl::Duration fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  return absl::Seconds(d[key].cast<double>());
+}
+
+ElasticOptions OptionsFrom(const py::dict& d) {
+  ElasticOptions o;
+  if (d.contains("job") && !d["job"].is_none()) o.job = d["job"].cast<std::string>();
+  o.heartbeat_interval = Seconds(d, "heartbeat_interval", o.heartbeat_interval);
+  o.heartbeat_timeout = Seconds(d, "heartbeat_timeout", o.heartbeat_timeout);
+  o.settle_timeout = Seconds(d, "settle_timeout", o.settle_timeout);
+  o.decision_timeout = Seconds(d, "decision_timeout", o.decision_timeout);
+  o.rebuild_timeout = Seconds(d, "rebuild_timeout", o.rebuild_timeout);
+  o.commit_timeout = Seconds(d, "commit_timeout", o.commit_timeout);
+  if (d.contains("probe_processes")) o.probe_processes = d["probe_processes"].cast<bool>();
+  if (d.contains("fence_unresponsive")) o.fence_unresponsive = d["fence_unresponsive"].cast<bool>();
+  if (d.contains("max_leader_takeovers"))
+    o.max_leader_takeovers = d["max_leader_takeovers"].cast<int>();
+  if (d.contains("max_attempts")) o.max_attempts = d["max_attempts"].cast<int>();
+  // Python's run() decides what a leaving rank does; the loop returns.
+  o.leave = elastic::LeavePolicy::kReturn;
+  return o;
+}
+
+py::dict MeshDict(const MeshSpec& s) {
+  py::dict d;
+  d["world_size"] = s.world_size;
+  d["dp"] = s.dp;
+  d["tp"] = s.tp;
+  d["pp"] = s.pp;
+  d["cp"] = s.cp;
+  d["ep"] = s.ep;
+  d["etp"] = s.etp;
+  d["order"] = s.order;
+  return d;
+}
+
+class PyElastic {
+ public:
+  PyElastic(py::handle world, std::optional<PyStore> store, std::optional<PyStore> monitor_store,
+            const py::dict& options)
+      : ref_(WorldRefOf(world)) {
+    ElasticOptions o = OptionsFrom(options);
+    std::shared_ptr<Store> s = store ? store->store : nullptr;
+    elastic::ElasticHooks hooks;
+    hooks.abort_all = ref_.abort_all;
+    if (monitor_store) hooks.monitor_store = monitor_store->store;
+    absl::StatusOr<std::unique_ptr<ElasticLoop>> loop;
+    {
+      py::gil_scoped_release release;
+      std::shared_lock<std::shared_mutex> lock(*ref_.mu);
+      if (!ref_.alive()) {
+        loop = absl::FailedPreconditionError("the world was destroyed");
+      } else {
+        loop = ElasticLoop::Create(*ref_.world(), std::move(s), o, std::move(hooks));
+      }
+    }
+    loop_ = Unwrap(std::move(loop), ErrorArea::kElastic);
+  }
+
+  ~PyElastic() { Stop(); }
+
+  void Stop() {
+    py::gil_scoped_release release;
+    loop_.reset();
+  }
+
+  ElasticLoop& loop() {
+    if (loop_ == nullptr) {
+      RaiseStatus(absl::FailedPreconditionError("the elastic loop was stopped"),
+                  ErrorArea::kElastic);
+    }
+    return *loop_;
+  }
+
+  void BeginStep(int64_t step) { ThrowIfError(loop().BeginStep(step), ErrorArea::kElastic); }
+
+  bool Commit(int64_t step, bool ok) {
+    ElasticLoop& l = loop();
+    absl::StatusOr<bool> r;
+    {
+      py::gil_scoped_release release;
+      r = l.Commit(step, ok);
+    }
+    return Unwrap(std::move(r), ErrorArea::kElastic);
+  }
+
+  void ReportFailure(const std::string& message) {
+    ElasticLoop& l = loop();
+    py::gil_scoped_release release;
+    l.ReportFailure(absl::UnavailableError(message));
+  }
+
+  void RequestChange(const std::vector<int>& evict, const std::string& why) {
+    ElasticLoop& l = loop();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = l.RequestChange(evict, why);
+    }
+    ThrowIfError(s, ErrorArea::kElastic);
+  }
+
+  // ("continue" | "leave", the event as JSON).
+  py::tuple Recover() {
+    ElasticLoop& l = loop();
+    absl::StatusOr<ElasticLoop::Recovery> r;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::shared_mutex> lock(*ref_.mu);
+      if (!ref_.alive()) {
+        r = absl::FailedPreconditionError("the world was destroyed during the recovery");
+      } else {
+        r = l.Recover();
+      }
+    }
+    ElasticLoop::Recovery rec = Unwrap(std::move(r), ErrorArea::kElastic);
+    return py::make_tuple(rec.outcome == ElasticLoop::Outcome::kContinue ? "continue" : "leave",
+                          rec.event.ToJson());
+  }
+
+  void RecordRestore(const std::string& restored_from) {
+    loop().RecordRestore(absl::Now(), restored_from);
+  }
+
+  std::vector<std::string> Events() {
+    std::vector<std::string> out;
+    for (const elastic::RecoveryEvent& e : loop().events()) out.push_back(e.ToJson());
+    return out;
+  }
+
+  py::dict Membership() {
+    const elastic::Membership& m = loop().membership();
+    py::dict d;
+    d["epoch"] = m.epoch;
+    d["members"] = m.members;
+    d["mesh"] = MeshDict(m.mesh);
+    d["describe"] = elastic::DescribeMesh(m.mesh);
+    return d;
+  }
+
+ private:
+  WorldRef ref_;
+  std::unique_ptr<ElasticLoop> loop_;
+};
+
+Registration reg(kOrderElastic, [](py::module_& m) {
+  py::class_<PyElastic>(m, "_ElasticLoop")
+      .def(py::init<py::handle, std::optional<PyStore>, std::optional<PyStore>, const py::dict&>(),
+           py::arg("world"), py::arg("store"), py::arg("monitor_store"), py::arg("options"))
+      .def_property_readonly("rank", [](PyElastic& e) { return e.loop().rank(); })
+      .def_property_readonly("membership", &PyElastic::Membership)
+      .def_property_readonly("alarmed", [](PyElastic& e) { return e.loop().alarmed(); })
+      .def("begin_step", &PyElastic::BeginStep, py::arg("step"))
+      .def("commit", &PyElastic::Commit, py::arg("step"), py::arg("ok"))
+      .def("report_failure", &PyElastic::ReportFailure, py::arg("message"))
+      .def("request_change", &PyElastic::RequestChange, py::arg("evict"), py::arg("why"))
+      .def("recover", &PyElastic::Recover)
+      .def("record_restore", &PyElastic::RecordRestore, py::arg("restored_from"))
+      .def("events", &PyElastic::Events)
+      .def("stop", &PyElastic::Stop);
+  m.def(
+      "_elastic_plan_regroup",
+      [](const Mesh& mesh, const std::vector<int>& failed) {
+        elastic::RegroupPlan p = Unwrap(elastic::PlanRegroup(mesh, failed), ErrorArea::kElastic);
+        py::dict d;
+        d["failed"] = p.failed;
+        d["leaving"] = p.leaving;
+        d["survivors"] = p.survivors;
+        d["mesh"] = MeshDict(p.new_mesh);
+        return d;
+      },
+      py::arg("mesh"), py::arg("failed"),
+      "PlanRegroup (strata/elastic/membership.h): who leaves and the mesh of the survivors.");
+});
+
+}  // namespace
+}  // namespace strata::bindings

@@ -1,0 +1,172 @@
+"""How strata.elastic finds its store and lives with its launcher: the store
+the ranks agree through, the warning for a launcher that would undo a
+recovery, :func:`supervise` (torchrun) and :func:`shutdown` (re-exported by
+:mod:`strata.elastic`)."""
+
+import os
+import signal
+import sys
+import tempfile
+
+from . import _strata
+from ._settings import settings as _settings
+from .errors import ElasticError
+
+# ---- the store --------------------------------------------------------------------
+
+
+def _job_id():
+    env = os.environ
+    for key in ("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "SLURM_JOB_ID"):
+        if env.get(key):
+            suffix = env.get("SLURM_STEP_ID", "") if key == "SLURM_JOB_ID" else ""
+            return "".join(c if c.isalnum() or c in "-_." else "_" for c in env[key] + suffix)
+    return None
+
+
+def _tcp_client(launch, timeout):
+    """A new client of the TCPStore the world bootstrapped through (served by
+    torchrun's agent, or by rank 0 of an srun job)."""
+    import datetime
+    import torch.distributed as dist
+    from . import store as _store
+    host, port = launch.master_addr, launch.master_port
+    try:
+        t = dist.TCPStore(host, port, launch.world_size, False,
+                          timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        raise ElasticError(f"rank {launch.rank}: cannot reach the rendezvous store (torch "
+                           f"TCPStore {host}:{port}) for the elastic layer within {timeout:g}s: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return _store.from_torch(t, describe=f"torch TCPStore {host}:{port}")
+
+
+def _store_for(world, options):
+    """(the store the main thread agrees through, the store the monitor
+    thread uses or None for the same one)."""
+    from . import store as _store
+    if options.store is not None:
+        s = options.store
+        return (s if isinstance(s, _store.Store) else _store.from_torch(s)), None
+    boot = getattr(world, "_store", (None, None))[0]
+    if boot is not None:
+        # Two connections of our own: torch's TCPStore client holds a lock
+        # across a blocking wait, so the monitor's heartbeats must not share
+        # one with the main thread's waits for commits and decisions (nor
+        # with Gloo's rebuild, which goes through the bootstrap connection).
+        launch = _strata.launch_env(None)
+        return (_tcp_client(launch, options.rebuild_timeout),
+                _tcp_client(launch, options.rebuild_timeout))
+    url = _settings()["STRATA_STORE"].value
+    if url:
+        if not url.startswith("file:"):
+            raise ElasticError(f"STRATA_STORE={url!r}: strata.elastic takes a file: store URL")
+        return _store.file_store(url[len("file:"):].replace("//", "/", 1) + "/elastic"), None
+    launch = _strata.launch_env(None)
+    job = _job_id()
+    if launch.world_size == 1 or (launch.num_nodes == 1 and launch.local_world_size ==
+                                  launch.world_size and job):
+        path = os.path.join(tempfile.gettempdir(),
+                            f"strata-elastic-{job or os.getpid()}-{os.getuid()}")
+        return _store.file_store(path), None
+    raise ElasticError(
+        f"strata.elastic needs a store every rank reaches (rank {launch.rank} of "
+        f"{launch.world_size} on {launch.num_nodes} node(s), launcher {launch.launcher}): "
+        "under torchrun it uses torchrun's; across nodes under mpirun or srun set "
+        "STRATA_STORE=file:/shared/dir or pass Options(store=...)")
+
+
+def _launcher_warning(launcher, env):
+    """What to tell a user whose launcher will undo a recovery, or None."""
+    if launcher == "mpirun" and env.get("OMPI_MCA_mpi_ft_enable", "") not in ("1", "true"):
+        return ("strata.elastic: mpirun was started without --with-ft ulfm: when a rank dies, "
+                "prterun ends the whole job before the survivors can go on; launch with "
+                "`mpirun --with-ft ulfm ...` to recover in process")
+    return None
+
+
+def shutdown(world, result=None, code=0):
+    """Ends an elastic job's process: destroys ``world`` and exits with
+    ``code``. On the MPI backend after ranks were lost (``result`` has
+    events, or no ``result`` is given), the process leaves with ``os._exit``
+    once its output is flushed: Open MPI 5's MPI_Finalize can wait forever
+    for the dead rank (docs/mpi.md). Otherwise it returns after destroying
+    the world (the interpreter exits normally)."""
+    backend = None
+    try:
+        backend = world.group().backend
+    except Exception:  # noqa: BLE001: a destroyed world
+        pass
+    world.destroy()
+    lost = result is None or bool(getattr(result, "events", None))
+    if backend == "mpi" and lost:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    if code:
+        sys.exit(code)
+
+
+# ---- launchers --------------------------------------------------------------------
+
+
+def supervise():
+    """Makes a rank's death survivable under torchrun: call it first thing in
+    the script (before importing torch). Under torchrun the process forks;
+    the child returns from this call and trains; the parent (the process
+    torchrun watches) waits for it. When the child is killed by a signal
+    (SIGKILL, a crash), the parent prints why and exits with status 0, so
+    torchrun's agent does not stop every other worker (it does on a non-zero
+    exit); a child that exits returns its status through the parent.
+    Signals sent to the parent (torchrun stopping the job) are passed on to
+    the child. Does nothing outside torchrun or when already supervised."""
+    env = os.environ
+    if not env.get("TORCHELASTIC_RUN_ID") or _settings()["STRATA_ELASTIC_SUPERVISED"].value:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        env["STRATA_ELASTIC_SUPERVISED"] = str(os.getppid())
+        _die_with_parent()
+        return
+    forwarded = []
+
+    def forward(signum, frame):
+        forwarded.append(signum)
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, forward)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig in forwarded:
+            os._exit(128 + sig)
+        name = signal.Signals(sig).name
+        print(f"strata.elastic.supervise: rank {env.get('RANK', '?')}'s training process (pid "
+              f"{pid}) was killed by {name}; exiting with status 0 so that torchrun lets the "
+              "other ranks go on without it", file=sys.stderr, flush=True)
+        os._exit(0)
+    os._exit(os.WEXITSTATUS(status))
+
+
+def _die_with_parent():
+    """The child gets SIGKILL when the supervising parent dies (Linux)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before prctl
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass

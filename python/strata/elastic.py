@@ -1,0 +1,417 @@
+"""In-process recovery: when a rank dies, the survivors agree on who failed,
+shrink their communicators, rebuild the world on a smaller mesh, restore the
+state of the last committed step and train on, in the same processes.
+
+::
+
+    import strata, strata.elastic as elastic, torch
+
+    elastic.supervise()                              # first: under torchrun, see below
+    world = strata.init(strata.Mesh(8, tp=2))        # dp4 x tp2
+    model = build(world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampler = elastic.ElasticSampler(len(dataset), global_batch=64)
+    state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+
+    def train_step(ctx):                             # one step of the global batch
+        opt.zero_grad()
+        x, y = dataset[ctx.samples]                  # this replica's share
+        loss = loss_fn(model(x), y) * ctx.loss_scale # mean over the *global* batch
+        loss.backward()
+        for p in model.parameters():                 # sum over the replicas
+            ctx.group("dp").all_reduce(p.grad)
+        opt.step()                                   # the commit happens here
+        return loss
+
+    result = elastic.run(train_step, state, world, steps=1000)
+
+What happens on a failure (docs/elastic.md has the phases, deadlines and costs):
+
+- **Detection.** A failed collective in the step (strata.RankFailure,
+  Aborted, TimeoutError), a rank's heartbeat that stops (a hung or stopped
+  rank), or its process gone (probed through /proc on its host). The first
+  rank to know raises the epoch's alarm in the store; every other rank's
+  monitor thread sees it within ``heartbeat_interval`` and aborts its
+  communicators, so a step blocked in a collective returns at once.
+- **The commit.** ``optimizer.step()`` (a pre-step hook on each optimizer of
+  the State) first asks every rank whether every rank's step completed; if
+  not, it raises :class:`StepAborted` and no optimizer and no scheduler
+  steps: no replica applies a partial update.
+- **Agreement and regroup.** The survivors agree on the failed set and a new
+  epoch (a majority of the last epoch must be there, else every rank raises
+  :class:`strata.ElasticError`); the data-parallel replicas that lost a rank
+  are dropped whole (model-parallel groups must stay whole), their live ranks
+  leave (exit 0 with a message), and the world is rebuilt on a mesh with a
+  smaller dp. Groups taken from the world (``world.group("tp")``) follow.
+- **Restore.** The survivors hold the state of the last committed step; the
+  State restores what a failed step may have touched (gradients, model
+  buffers, RNG states, user values) and the step is run again, with the same
+  global batch split over fewer replicas (``batch="keep"``, the default) or a
+  smaller batch (``batch="scale"``). Only when state was lost (or
+  ``restore="checkpoint"``) is the last committed checkpoint loaded.
+
+Launchers: ``mpirun --with-ft ulfm`` keeps the survivors running; under
+torchrun, call :func:`supervise` first thing in the script, so that a rank
+that is killed does not make torchrun stop every other worker.
+"""
+
+import json
+import os
+import sys
+import time
+
+from . import _strata
+from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
+from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
+from ._elastic_launch import _launcher_warning, _store_for, shutdown, supervise  # noqa: F401
+
+__all__ = [
+    "run",
+    "recover",
+    "supervise",
+    "Controller",
+    "Options",
+    "State",
+    "StepContext",
+    "StepAborted",
+    "ElasticSampler",
+    "Result",
+    "shutdown",
+]
+
+
+class StepAborted(Aborted):
+    """The step was abandoned: some rank's step did not complete (raised by
+    ``optimizer.step()`` inside :func:`run`, before anything is applied)."""
+
+
+# ---- the controller ---------------------------------------------------------------
+
+
+def _now():
+    return time.time()
+
+
+def _emit(line):
+    print(json.dumps(line), flush=True)
+
+
+class Controller:
+    """The steps of :func:`run`, for a training loop written by hand::
+
+        c = elastic.Controller(world, state, options)
+        while state.step < steps:
+            ctx = c.begin_step()                     # raises strata.CommError when alarmed
+            try:
+                loss = train_step(ctx)              # optimizer.step() commits
+                c.finish_step(ctx)                  # commits if the step did not
+            except strata.CommError as e:
+                c.fail_step(ctx, e)                 # votes to abandon (if it did not commit)
+            if not ctx.committed:
+                event = elastic.recover(c)          # agree, regroup, restore; None: left
+        c.close()
+    """
+
+    def __init__(self, world, state=None, options=None, on_world_changed=None):
+        if options is None:
+            options = Options()
+        if not isinstance(options, Options):
+            raise InvalidArgument(f"options must be a strata.elastic.Options, got "
+                                  f"{type(options).__name__}")
+        options._validate()
+        self.world = world
+        self.state = state if state is not None else State()
+        self.options = options
+        self.on_world_changed = on_world_changed
+        self._store, self._monitor_store = _store_for(world, options)
+        self._loop = _strata._ElasticLoop(world, self._store, self._monitor_store,
+                                          options._native())
+        self._ctx = None
+        self._hooks = [o.register_step_pre_hook(self._pre_step) for o in self.state.optimizers]
+        self._saver = None
+        self._pending = None  # a recovery event printed once its step completes
+        self._start = _now()
+        self._last_rank0 = None
+        self.events = []
+        self._replicas0 = self.world.group("dp").size
+        warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
+        if warning and self.world.rank == 0:
+            print(warning, file=sys.stderr, flush=True)
+        self.state.commit()
+
+    # -- state of the membership
+    @property
+    def epoch(self):
+        return self._loop.membership["epoch"]
+
+    @property
+    def membership(self):
+        """{"epoch", "members" (job ranks of the current world), "mesh"}."""
+        return self._loop.membership
+
+    def _dp(self):
+        g = self.world.group("dp")
+        return g.rank, g.size
+
+    # -- one step
+    def begin_step(self):
+        """The context of the next step (``state.step``). Raises
+        :class:`strata.Aborted` when this rank knows of a failure: recover."""
+        step = self.state.step
+        replica, replicas = self._dp()
+        samples, batch = [], 0
+        sampler = self.state.sampler
+        if sampler is not None:
+            batch = sampler.global_batch
+            if self.options.batch == "scale":
+                batch = -(-sampler.global_batch * replicas // self._replicas0)
+            samples = sampler.batch(replica, replicas, batch)
+        ctx = StepContext(step, self.world, self.epoch, replica, replicas, samples, batch)
+        ctx._controller = self
+        self._ctx = ctx
+        self._loop.begin_step(step)
+        return ctx
+
+    def _vote(self, ctx, ok):
+        if ctx._voted:
+            return ctx.committed
+        ctx._voted = True
+        ctx.committed = self._loop.commit(ctx.step, ok)
+        return ctx.committed
+
+    def _pre_step(self, optimizer, args, kwargs):
+        ctx = self._ctx
+        if ctx is None or ctx.committed:
+            return None
+        if ctx._voted or not self._vote(ctx, True):
+            raise StepAborted(f"step {ctx.step} (epoch {ctx.epoch}) was abandoned: a rank's step "
+                              "did not complete; nothing was applied")
+        return None
+
+    def finish_step(self, ctx, loss=None):
+        """Commits ``ctx``'s step if the train step did not (no optimizer
+        step in it) and, when committed, advances the State. Returns whether
+        the step was committed."""
+        if not ctx._voted:
+            self._vote(ctx, True)
+        if ctx.committed:
+            self._advance(ctx, loss)
+        return ctx.committed
+
+    def fail_step(self, ctx, error):
+        """A step raised ``error`` (a strata.CommError): raise the alarm and
+        vote to abandon it; when it had committed already, it counts."""
+        self._loop.report_failure(f"{type(error).__name__}: {error}")
+        if ctx.committed:
+            self._advance(ctx, None)
+        else:
+            self._vote(ctx, False)
+
+    def _advance(self, ctx, loss):
+        st = self.state
+        for s in st.schedulers:
+            s.step()
+        if st.sampler is not None:
+            st.sampler.advance(ctx.global_batch)
+        st.step = ctx.step + 1
+        st.commit()
+        self._ctx = None
+        now = _now()
+        if self._pending is not None:
+            self._pending["first_step_s"] = round(now - self._pending["cause"]["failed_at"], 6)
+            if self.options.log and self.world.rank == 0:
+                _emit(self._pending)
+            self._pending = None
+        if self.options.log and self.world.rank == 0:
+            _emit({"event": "step", "step": st.step, "loss": _scalar(loss),
+                   "world": self.world.size, "dp": ctx.replicas,
+                   "time": round(now - self._start, 6)})
+        if self.options.checkpoint_every and st.step % self.options.checkpoint_every == 0:
+            self._save()
+
+    # -- checkpoints
+    def _checkpointer(self):
+        if self._saver is None:
+            from . import checkpoint
+            self._saver = checkpoint.AsyncCheckpointer(
+                self.options.checkpoint_dir, world=self.world, keep_last=2,
+                commit_timeout=self.options.rebuild_timeout)
+        return self._saver
+
+    def _save(self):
+        self._checkpointer().save(self.state._checkpoint_tree(), step=self.state.step)
+
+    def _load_checkpoint(self):
+        from . import checkpoint
+        directory = self.options.checkpoint_dir
+        if not directory or checkpoint.latest_step(directory) is None:
+            raise ElasticError(
+                f"rank {self.world.rank}: the state must be loaded from a checkpoint (restore="
+                f"{self.options.restore!r} or a part lost its state) but "
+                f"{'no checkpoint_dir is set' if not directory else repr(directory) + ' has none'}")
+        tree = self.state._checkpoint_tree()
+        loaded = checkpoint.load(directory, tree, world=self.world)
+        self.state.step = int(loaded["step"])
+        self.state._values.update(loaded.get("values", {}))
+        if self.state.sampler is not None and isinstance(loaded.get("sampler"), dict):
+            self.state.sampler.load_state_dict(loaded["sampler"])
+        for o in self.state.optimizers:
+            o.zero_grad(set_to_none=True)
+        self.state.commit()
+
+    # -- recovery
+    def request_change(self, evict=(), why="requested"):
+        """A planned membership change: the job ranks ``evict`` leave with
+        their replicas (as if they had failed), or, with none, the world is
+        rebuilt on the same members. Every rank then recovers."""
+        self._loop.request_change([int(r) for r in evict], str(why))
+
+    def recover(self):
+        """Agrees with the other survivors, rebuilds the world and restores
+        the State. Returns the event (a dict), or None when this rank left
+        (its replica was dropped; with ``leave="exit"`` the process exits
+        with status 0 instead). Raises :class:`strata.ElasticError` when the
+        job cannot go on (a minority, no complete replica, this rank taken
+        as failed)."""
+        if self._saver is not None:
+            # Its communicator belongs to the old world; a save in flight
+            # fails with it (it never commits half a checkpoint).
+            saver, self._saver = self._saver, None
+            try:
+                saver.close()
+            except Exception:  # noqa: BLE001: the old world's save is abandoned
+                pass
+        kind, text = self._loop.recover()
+        event = json.loads(text)
+        if kind == "leave":
+            return self._leave(event)
+        lost = self._regroup_parts(event)
+        how = self.options.restore
+        if how == "memory" and lost:
+            raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State lost "
+                               "their state in the regroup and restore='memory'")
+        if how == "checkpoint" or lost:
+            self._load_checkpoint()
+            restored_from = "checkpoint"
+        else:
+            self.state.restore()
+            restored_from = "memory"
+        self._loop.record_restore(restored_from)
+        event = json.loads(self._loop.events()[-1])
+        event["step"] = self.state.step
+        self.events.append(event)
+        self._pending = event
+        if self.on_world_changed is not None:
+            self.on_world_changed(event, self.world)
+        return event
+
+    def _regroup_parts(self, event):
+        """Moves the State's layers onto the rebuilt world; returns the parts
+        that lost state in the regroup (a checkpoint must then be loaded).
+
+        strata.nn.DataParallel layers (the State's models, or modules inside
+        them, as pipeline stages hold them) are rebuilt on the new dp group
+        with ``keep_state=False``: the old group is broken, so nothing moves
+        over it. A strata.optim.DistributedOptimizer (ZeRO-1) lost the
+        shards of the dropped replica's ranks with them. Other parts may
+        implement ``_strata_elastic_regroup(world, event)`` and
+        ``_strata_elastic_state_lost(event)``."""
+        from ._data_parallel import DataParallel
+        from .optim import DistributedOptimizer
+        layers = []
+        for m in self.state.models:
+            for sub in m.modules():
+                if isinstance(sub, DataParallel) and not any(sub is x for x in layers):
+                    layers.append(sub)
+        for layer in layers:
+            layer.rebuild(self.world, keep_state=False)
+        lost = [o for o in self.state.optimizers if isinstance(o, DistributedOptimizer)]
+        for part in self.state._parts():
+            hook = getattr(part, "_strata_elastic_regroup", None)
+            if hook is not None:
+                hook(self.world, event)
+            if getattr(part, "_strata_elastic_state_lost", lambda e: False)(event):
+                lost.append(part)
+        return lost
+
+    def _leave(self, event):
+        failed = event["failed"]
+        msg = (f"strata.elastic: rank {event['rank']} leaves the job: its data-parallel replica "
+               f"lost rank(s) {failed} and was dropped (epoch {event['epoch']}, the others go on "
+               f"as {event['mesh_after']['describe']}); exiting with status 0")
+        self.events.append(event)
+        if self.options.leave == "exit":
+            print(msg, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            # Not sys.exit: MPI's finalize would wait for the ranks that
+            # go on (and for the dead one).
+            os._exit(0)
+        print(msg.replace("; exiting with status 0", ""), file=sys.stderr, flush=True)
+        return None
+
+    def close(self):
+        """Stops the monitor thread and removes the optimizer hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
+        self._loop.stop()
+
+
+def _scalar(loss):
+    if loss is None:
+        return None
+    try:
+        return float(loss.detach()) if hasattr(loss, "detach") else float(loss)
+    except (TypeError, ValueError):
+        return None
+
+
+def recover(controller):
+    """Agree, regroup and restore after a failure (what :func:`run` does when
+    a step is abandoned): ``controller`` is a :class:`Controller`. Returns the
+    recovery event, or None when this rank left."""
+    return controller.recover()
+
+
+def run(train_step, state, world, options=None, *, steps, on_world_changed=None):
+    """Runs ``train_step(ctx)`` until ``state.step == steps``, recovering from
+    failed ranks in the same processes (see the module's documentation).
+
+    ``train_step`` gets a :class:`StepContext`, runs forward, backward and
+    the gradient reductions, calls ``optimizer.step()`` (where every rank
+    agrees the step completed; if not, :class:`StepAborted` is raised there
+    and the step is run again after the recovery) and returns the loss
+    (printed by rank 0). ``on_world_changed(event, world)`` runs after every
+    recovery (rescale the learning rate, rebuild a pipeline schedule).
+    Collective: every rank calls it. Returns a :class:`Result`."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise InvalidArgument(f"run: steps must be an int >= 0, got {steps!r}")
+    if not isinstance(state, State):
+        raise InvalidArgument(f"run: state must be a strata.elastic.State, got "
+                              f"{type(state).__name__}")
+    c = Controller(world, state, options, on_world_changed)
+    try:
+        while state.step < steps:
+            try:
+                ctx = c.begin_step()
+            except CommError as e:
+                ctx = c._ctx
+                c.fail_step(ctx, e)
+            else:
+                try:
+                    loss = train_step(ctx)
+                except StepAborted:
+                    pass
+                except (CommError, PipelineError) as e:  # a pipeline step's peer failed
+                    c.fail_step(ctx, e)
+                else:
+                    c.finish_step(ctx, loss)
+            if not ctx.committed:
+                if c.recover() is None:
+                    return Result(state.step, c.events, left=True, epoch=c.epoch)
+        return Result(state.step, c.events, left=False, epoch=c.epoch)
+    finally:
+        c.close()

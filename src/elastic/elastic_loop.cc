@@ -1,0 +1,453 @@
+// The elastic loop (elastic_loop.h).
+#include "strata/elastic/elastic_loop.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "elastic/internal/keys.h"
+#include "strata/base/status.h"
+
+namespace strata::elastic {
+namespace {
+
+absl::Duration NonNegative(absl::Duration d) { return std::max(d, absl::ZeroDuration()); }
+
+bool Contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ElasticLoop>> ElasticLoop::Create(World& world,
+                                                                 std::shared_ptr<Store> store,
+                                                                 const ElasticOptions& options,
+                                                                 ElasticHooks hooks) {
+  STRATA_RETURN_IF_ERROR(options.Validate());
+  if (store == nullptr) {
+    return absl::InvalidArgumentError(
+        "ElasticLoop needs a store for its heartbeat and agreement (the Gloo and NCCL worlds' "
+        "bootstrap store, STRATA_STORE=file:/shared/dir, or a file store on one host)");
+  }
+  if (world.generation() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ElasticLoop starts on a World at generation 1 (its root ranks are the job ranks); this "
+        "World is at generation ",
+        world.generation()));
+  }
+  STRATA_RETURN_IF_ERROR(world.status());
+  std::unique_ptr<ElasticLoop> loop(
+      new ElasticLoop(world, std::move(store), options, std::move(hooks)));
+  return loop;
+}
+
+ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
+                         ElasticHooks hooks)
+    : world_(world),
+      store_(std::move(store)),
+      options_(std::move(options)),
+      hooks_(std::move(hooks)),
+      rank_(world.rank()) {
+  if (!hooks_.abort_all) hooks_.abort_all = [w = &world_] { w->AbortAll(); };
+  membership_ = InitialMembership(world_.mesh().spec());
+  root_members_ = membership_.members;
+  agreement_ = MakeStoreAgreement(store_, options_);
+  commit_ = MakeStoreStepCommit(store_, options_);
+  (void)commit_->Start(membership_);
+  HeartbeatMonitor::Config config;
+  config.store = hooks_.monitor_store != nullptr ? hooks_.monitor_store : store_;
+  config.options = options_;
+  config.rank = rank_;
+  config.on_alarm = [this](const Detection& d, uint64_t epoch) { OnAlarm(d, epoch); };
+  aborter_ = std::thread([this] { RunAborter(); });
+  monitor_ = std::make_unique<HeartbeatMonitor>(std::move(config));
+  monitor_->Watch(membership_);
+}
+
+ElasticLoop::~ElasticLoop() {
+  monitor_->Stop();  // no more alarms
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    abort_stop_ = true;
+  }
+  abort_cv_.notify_all();
+  aborter_.join();
+}
+
+void ElasticLoop::OnAlarm(const Detection& /*alarm*/, uint64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    abort_epoch_ = std::max(abort_epoch_.value_or(0), epoch);
+  }
+  abort_cv_.notify_all();
+}
+
+void ElasticLoop::RunAborter() {
+  std::unique_lock<std::mutex> lock(abort_mu_);
+  while (true) {
+    abort_cv_.wait(lock, [&] { return abort_stop_ || abort_epoch_.has_value(); });
+    if (abort_stop_) return;
+    const uint64_t epoch = *abort_epoch_;
+    abort_epoch_.reset();
+    lock.unlock();
+    {
+      // Every communicator of this rank fails now, so that a step blocked
+      // in a collective returns; and the step being voted on cannot commit.
+      std::lock_guard<std::mutex> l(epoch_mu_);
+      if (epoch == epoch_.load()) {  // else the loop has moved on
+        hooks_.abort_all();
+        commit_->Abort(epoch, current_step_.load());
+      }
+    }
+    lock.lock();
+  }
+}
+
+bool ElasticLoop::alarmed() const { return monitor_->alarm().has_value(); }
+
+absl::Status ElasticLoop::BeginStep(int64_t step) {
+  current_step_.store(step);
+  if (std::optional<Detection> a = monitor_->alarm(); a.has_value()) {
+    return absl::AbortedError(absl::StrCat("step ", step, " of epoch ", membership_.epoch,
+                                           " cannot run: the epoch's alarm is raised (",
+                                           a->ToString(), "); recover first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ElasticLoop::Commit(int64_t step, bool ok) {
+  if (ok && monitor_->alarm().has_value()) ok = false;
+  absl::StatusOr<bool> committed = commit_->Vote(step, ok);
+  if (committed.ok() && !*committed && !monitor_->alarm().has_value()) {
+    // Someone aborted the step; the alarm says why (and if it is not set
+    // yet, this rank sets it: a commit never aborts without one).
+    Detection d;
+    d.source = DetectionSource::kCommit;
+    d.reporter = rank_;
+    d.detail = absl::StrCat("the commit of step ", step, " was aborted");
+    d.found_at = d.failed_at = absl::Now();
+    (void)monitor_->Raise(d);
+  }
+  return committed;
+}
+
+void ElasticLoop::ReportFailure(const absl::Status& error) {
+  // The failed ranks an error names (kRankFailurePayload) are ranks of the
+  // communicator that failed, which may be any group: they are not mapped
+  // to job ranks here; the agreement finds the failed ranks itself.
+  Detection d;
+  d.source = DetectionSource::kBackend;
+  d.reporter = rank_;
+  d.detail = std::string(error.message());
+  d.found_at = d.failed_at = absl::Now();
+  (void)monitor_->Raise(d);
+}
+
+absl::Status ElasticLoop::RequestChange(const std::vector<int>& evict, const std::string& why) {
+  for (int r : evict) {
+    if (membership_.RootRankOf(r) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RequestChange: rank ", r, " is no member of ", membership_.ToString()));
+    }
+  }
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = rank_;
+  d.evict = evict;
+  d.detail = why;
+  d.found_at = d.failed_at = absl::Now();
+  absl::StatusOr<Detection> won = monitor_->Raise(d);
+  return won.status();
+}
+
+std::vector<RecoveryEvent> ElasticLoop::events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return events_;
+}
+
+void ElasticLoop::RecordRestore(absl::Time restored_at, const std::string& restored_from) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.empty()) return;
+  RecoveryEvent& e = events_.back();
+  e.restored_at = restored_at;
+  e.restored_from = restored_from;
+  e.restore = NonNegative(restored_at - e.rebuilt_at);
+}
+
+namespace {
+
+void AddAll(std::vector<int>& to, const std::vector<int>& from) {
+  for (int r : from) {
+    if (!Contains(to, r)) to.push_back(r);
+  }
+}
+
+// One event for a recovery that took several attempts: the failure that
+// started it (cause, detection, epoch before, from the first attempt),
+// every rank taken as failed or leaving in any attempt, and the outcome of
+// the last.
+RecoveryEvent Merge(const std::vector<RecoveryEvent>& decided, RecoveryEvent last) {
+  if (decided.size() < 2) return last;
+  const RecoveryEvent& first = decided.front();
+  RecoveryEvent e = std::move(last);
+  std::vector<int> failed = first.failed;
+  std::vector<std::string> why = first.failed_why;
+  std::vector<int> leaving = first.leaving;
+  for (size_t i = 1; i < decided.size(); ++i) {
+    for (size_t k = 0; k < decided[i].failed.size(); ++k) {
+      if (!Contains(failed, decided[i].failed[k])) {
+        failed.push_back(decided[i].failed[k]);
+        why.push_back(decided[i].failed_why[k]);
+      }
+    }
+    AddAll(leaving, decided[i].leaving);
+  }
+  e.failed = std::move(failed);
+  e.failed_why = std::move(why);
+  e.leaving = std::move(leaving);
+  e.epoch_before = first.epoch_before;
+  e.mesh_before = first.mesh_before;
+  e.cause = first.cause;
+  e.known_by_all_at = first.known_by_all_at;
+  e.detect = first.detect;
+  e.agree = NonNegative(first.decided_at - first.known_by_all_at);
+  // The failed attempts' regroups count as rebuilding.
+  e.rebuild = NonNegative(e.rebuilt_at - first.decided_at);
+  return e;
+}
+
+}  // namespace
+
+absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::Recover() {
+  absl::Status last;
+  std::vector<RecoveryEvent> decided;
+  for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
+    absl::StatusOr<Recovery> r = RecoverOnce(attempt, decided);
+    if (r.ok()) {
+      r->event = Merge(decided, std::move(r->event));
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(r->event);
+      return r;
+    }
+    last = r.status();
+    // Only a failure of the regroup (a rank lost meanwhile) is retried, as
+    // a recovery of the next epoch; RecoverOnce raised its alarm.
+    if (last.code() != absl::StatusCode::kUnavailable) return last;
+  }
+  return strata::internal::Annotate(last,
+                                    absl::StrCat("recovery gave up after ", options_.max_attempts,
+                                                 " attempts (ElasticOptions::max_attempts)"));
+}
+
+absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
+    int attempt, std::vector<RecoveryEvent>& decided) {
+  // The alarm: raised by whoever found the failure; this rank raises one
+  // if it gets here without (a commit aborted by a rank that died before
+  // raising it).
+  if (!monitor_->alarm().has_value()) {
+    Detection d;
+    d.source = DetectionSource::kCommit;
+    d.reporter = rank_;
+    d.detail = "recovery started without an alarm";
+    d.found_at = d.failed_at = absl::Now();
+    (void)monitor_->Raise(d);
+  }
+  hooks_.abort_all();
+  if (absl::Status s = monitor_->store_status(); !s.ok()) return s;
+  std::vector<int> suspects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    suspects = suspects_;
+  }
+  STRATA_RETURN_IF_ERROR_CTX(monitor_->CheckIn(suspects), "rank ", rank_, " checking in for epoch ",
+                             membership_.epoch);
+  const absl::Time my_known = monitor_->known_at();
+  const Membership before = membership_;
+  STRATA_ASSIGN_OR_RETURN(Decision decision, agreement_->Agree(before, rank_, suspects));
+  const absl::Time decided_at = absl::Now();
+
+  RecoveryEvent event;
+  event.rank = rank_;
+  event.epoch_before = before.epoch;
+  event.epoch_after = decision.next_epoch;
+  event.cause = decision.cause;
+  event.failed = decision.failed;
+  event.failed_why = decision.failed_why;
+  event.leaving = decision.leaving;
+  event.mesh_before = before.mesh;
+  event.attempts = attempt;
+  event.step = current_step_.load();
+  event.known_by_all_at = std::max(decision.known_by_all_at, my_known);
+  event.decided_at = decided_at;
+  const absl::Time failed_at =
+      decision.cause.failed_at != absl::InfinitePast() ? decision.cause.failed_at : my_known;
+  event.detect = NonNegative(event.known_by_all_at - failed_at);
+  event.agree = NonNegative(decided_at - event.known_by_all_at);
+
+  if (decision.kind == Decision::Kind::kStop) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank_, " stops: ", decision.stop_reason));
+  }
+  const Membership next = decision.Next(before);
+  event.members = next.members;
+  event.mesh_after = next.mesh;
+  decided.push_back(event);
+  if (Contains(decision.failed, rank_)) {
+    const bool evicted =
+        decision.cause.source == DetectionSource::kRequest && Contains(decision.cause.evict, rank_);
+    if (!evicted) {
+      return absl::AbortedError(absl::StrCat(
+          "rank ", rank_, " was taken as failed by the agreement of epoch ", before.epoch, " (",
+          decision.failed_why[std::find(decision.failed.begin(), decision.failed.end(), rank_) -
+                              decision.failed.begin()],
+          "); the others went on without it (epoch ", next.epoch, ")"));
+    }
+  }
+  if (!Contains(next.members, rank_)) {
+    event.leaves = true;
+    std::lock_guard<std::mutex> lock(epoch_mu_);
+    membership_ = next;  // no longer a member: the monitor keeps its last epoch
+    epoch_.store(next.epoch);
+    return Recovery{Outcome::kLeave, std::move(event)};
+  }
+
+  // From here on this rank belongs to the next epoch: a failure during the
+  // regroup is that epoch's alarm.
+  {
+    std::lock_guard<std::mutex> lock(epoch_mu_);
+    membership_ = next;
+    epoch_.store(next.epoch);
+    STRATA_RETURN_IF_ERROR(commit_->Start(next));
+  }
+  monitor_->Watch(next);
+  auto regroup_failed = [&](const absl::Status& s, absl::string_view what) {
+    Detection d;
+    d.source = DetectionSource::kBackend;
+    d.reporter = rank_;
+    d.detail = absl::StrCat(what, ": ", s.message());
+    d.found_at = d.failed_at = absl::Now();
+    (void)monitor_->Raise(d);
+    return absl::UnavailableError(absl::StrCat("rank ", rank_, ": regroup to epoch ", next.epoch,
+                                               " failed (", what, "): ", s.message()));
+  };
+  std::vector<int> excluded;
+  for (int r = 0; r < static_cast<int>(root_members_.size()); ++r) {
+    if (!Contains(next.members, root_members_[r])) excluded.push_back(r);
+  }
+  CommOptions root_options;
+  root_options.name = "world";
+  root_options.timeout = options_.rebuild_timeout;
+  absl::StatusOr<std::unique_ptr<Communicator>> root = world_.root().Shrink(excluded, root_options);
+  if (root.ok() && *root == nullptr) {
+    return absl::InternalError(absl::StrCat("rank ", rank_, " was excluded from its own shrink"));
+  }
+  // Every member says whether its shrink succeeded before anyone rebuilds:
+  // a rank whose shrink failed while the others' succeeded would keep the
+  // old root while they move to the new one, and the next attempt would
+  // shrink different communicators on different ranks. On "no", every
+  // member drops its new root and the next attempt shrinks the old one
+  // again (with the larger failed set, if any).
+  absl::StatusOr<bool> all_shrunk = AllShrunk(next, root.ok());
+  if (!all_shrunk.ok() || !*all_shrunk) {
+    if (root.ok()) (void)(*root)->Abort();  // dropped: its peers may be gone
+    if (!root.ok()) return regroup_failed(root.status(), "shrinking the root communicator");
+    if (!all_shrunk.ok()) return regroup_failed(all_shrunk.status(), "voting on the shrink");
+    return regroup_failed(absl::AbortedError("another member's shrink failed, or a member failed"),
+                          "shrinking the root communicator");
+  }
+  absl::StatusOr<Mesh> mesh = Mesh::Create(next.mesh);
+  if (!mesh.ok()) return mesh.status();
+  absl::Status rebuilt = world_.Rebuild(*std::move(root), *mesh);
+  root_members_ = next.members;
+  if (!rebuilt.ok()) return regroup_failed(rebuilt, "rebuilding the World");
+  const absl::Time barrier_start = absl::Now();
+  OpOptions barrier_options;
+  barrier_options.timeout = options_.rebuild_timeout;
+  absl::StatusOr<std::unique_ptr<Work>> barrier = world_.root().Barrier(barrier_options);
+  absl::Status met = barrier.ok() ? (*barrier)->Wait() : barrier.status();
+  if (!met.ok()) return regroup_failed(met, "the first barrier of the new world");
+  event.rebuilt_at = absl::Now();
+  event.first_collective = event.rebuilt_at - barrier_start;
+  event.rebuild = NonNegative(event.rebuilt_at - decided_at);
+  return Recovery{Outcome::kContinue, std::move(event)};
+}
+
+absl::StatusOr<bool> ElasticLoop::AllShrunk(const Membership& next, bool shrunk) {
+  const internal::Keys keys(options_.job, next.epoch);
+  const absl::Time deadline = absl::Now() + options_.rebuild_timeout;
+  const int64_t size = static_cast<int64_t>(next.members.size());
+  const std::string where = absl::StrCat("the end of the shrinks of epoch ", next.epoch, " (", size,
+                                         " members) on ", store_->Describe());
+  if (!shrunk) {
+    absl::StatusOr<int64_t> f = store_->Add(keys.RegroupFailed(), 1, deadline);
+    if (!f.ok()) return strata::internal::Annotate(f.status(), where);
+  }
+  absl::StatusOr<int64_t> n = store_->Add(keys.Regrouped(), 1, deadline);
+  // Polled (an Add of 0 reads the count) rather than a blocking wait, so
+  // that a member lost meanwhile (the epoch's alarm) ends the wait.
+  const absl::Duration poll = std::min(options_.heartbeat_interval / 4, absl::Milliseconds(20));
+  while (n.ok() && *n < size) {
+    if (monitor_->alarm().has_value()) return false;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(where, ": ", *n, " of ", size, " members past their shrink after ",
+                       absl::FormatDuration(options_.rebuild_timeout)));
+    }
+    absl::SleepFor(poll);
+    n = store_->Add(keys.Regrouped(), 0, deadline);
+  }
+  if (!n.ok()) return strata::internal::Annotate(n.status(), where);
+  absl::StatusOr<int64_t> failed = store_->Add(keys.RegroupFailed(), 0, deadline);
+  if (!failed.ok()) return strata::internal::Annotate(failed.status(), where);
+  return *failed == 0;
+}
+
+absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int64_t first_step,
+                                            int64_t end_step) {
+  if (!callbacks.step || !callbacks.apply) {
+    return absl::InvalidArgumentError("LoopCallbacks: `step` and `apply` must be set");
+  }
+  LoopResult result;
+  int64_t step = first_step;
+  while (step < end_step) {
+    StepContext ctx;
+    ctx.step = step;
+    ctx.world = &world_;
+    ctx.membership = &membership_;
+    absl::Status s = BeginStep(step);
+    if (s.ok()) s = callbacks.step(ctx);
+    if (!s.ok() && !alarmed()) ReportFailure(s);
+    STRATA_ASSIGN_OR_RETURN(bool committed, Commit(step, s.ok()));
+    if (committed) {
+      STRATA_RETURN_IF_ERROR_CTX(callbacks.apply(ctx), "applying step ", step);
+      ++step;
+      continue;
+    }
+    STRATA_ASSIGN_OR_RETURN(Recovery r, Recover());
+    if (r.outcome == Outcome::kLeave) {
+      result.left = true;
+      result.next_step = step;
+      result.events = events();
+      return result;
+    }
+    r.event.step = step;
+    if (callbacks.restore) {
+      STRATA_RETURN_IF_ERROR_CTX(callbacks.restore(r.event), "restoring the state after epoch ",
+                                 r.event.epoch_after, "'s regroup");
+    }
+    RecordRestore(absl::Now(), r.event.restored_from);
+    if (callbacks.on_world_changed) {
+      std::vector<RecoveryEvent> all = events();
+      callbacks.on_world_changed(all.back());
+    }
+  }
+  result.next_step = step;
+  result.events = events();
+  return result;
+}
+
+}  // namespace strata::elastic

@@ -1,0 +1,48 @@
+// The store keys of the elastic layer. Every key carries the epoch, so that
+// a late write of an old epoch is never read as one of the current epoch:
+//
+//   strata/elastic/<job>/<epoch>/hb/<rank>       heartbeat (Set by its rank)
+//   strata/elastic/<job>/<epoch>/alarm           first cause (CompareSet)
+//   strata/elastic/<job>/<epoch>/alive/<rank>    check-in after the alarm
+//   strata/elastic/<job>/<epoch>/checkins        how many checked in (Add)
+//   strata/elastic/<job>/<epoch>/suspect/<rank>  evidence that a rank failed
+//   strata/elastic/<job>/<epoch>/leader          the deciding rank (CompareSet)
+//   strata/elastic/<job>/<epoch>/decision        the next membership (CompareSet)
+//   strata/elastic/<job>/<epoch>/done            per-step votes (Add)
+//   strata/elastic/<job>/<epoch>/step/<n>        step n: commit or abort (CompareSet)
+//   strata/elastic/<job>/<epoch>/regroup/done    members past their shrink (Add)
+//   strata/elastic/<job>/<epoch>/regroup/failed  members whose shrink failed (Add)
+//
+// Ranks are job ranks (stable across epochs).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace strata::elastic::internal {
+
+class Keys {
+ public:
+  Keys(std::string job, uint64_t epoch)
+      : prefix_(absl::StrCat("strata/elastic/", job, "/", epoch, "/")) {}
+
+  std::string Heartbeat(int rank) const { return absl::StrCat(prefix_, "hb/", rank); }
+  std::string Alarm() const { return absl::StrCat(prefix_, "alarm"); }
+  std::string Alive(int rank) const { return absl::StrCat(prefix_, "alive/", rank); }
+  std::string CheckIns() const { return absl::StrCat(prefix_, "checkins"); }
+  std::string Suspect(int rank) const { return absl::StrCat(prefix_, "suspect/", rank); }
+  std::string Leader() const { return absl::StrCat(prefix_, "leader"); }
+  std::string Decision() const { return absl::StrCat(prefix_, "decision"); }
+  std::string Done() const { return absl::StrCat(prefix_, "done"); }
+  std::string Step(int64_t step) const { return absl::StrCat(prefix_, "step/", step); }
+  std::string Regrouped() const { return absl::StrCat(prefix_, "regroup/done"); }
+  std::string RegroupFailed() const { return absl::StrCat(prefix_, "regroup/failed"); }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  std::string prefix_;
+};
+
+}  // namespace strata::elastic::internal

@@ -1,0 +1,333 @@
+// The store path of the agreement (agreement.h) and the Decision's codec.
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "elastic/internal/keys.h"
+#include "elastic/internal/process.h"
+#include "strata/base/status.h"
+#include "strata/elastic/agreement.h"
+#include "strata/elastic/heartbeat.h"
+
+namespace strata::elastic {
+
+using internal::Keys;
+
+namespace {
+
+double Unix(absl::Time t) {
+  return t == absl::InfinitePast() ? 0.0 : absl::ToDoubleSeconds(t - absl::UnixEpoch());
+}
+absl::Time FromUnix(double s) {
+  return s == 0.0 ? absl::InfinitePast() : absl::UnixEpoch() + absl::Seconds(s);
+}
+
+bool IsTimeout(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kDeadlineExceeded || s.code() == absl::StatusCode::kNotFound;
+}
+
+std::string Ranks(const std::vector<int>& r) {
+  return absl::StrCat("[", absl::StrJoin(r, ", "), "]");
+}
+
+class StoreAgreement final : public Agreement {
+ public:
+  StoreAgreement(std::shared_ptr<Store> store, ElasticOptions options)
+      : store_(std::move(store)), options_(std::move(options)) {}
+
+  const char* name() const override { return "store"; }
+
+  absl::StatusOr<Decision> Agree(const Membership& current, int rank,
+                                 const std::vector<int>& suspects) override {
+    const Keys keys(options_.job, current.epoch);
+    const std::string me = absl::StrCat(rank);
+    const std::string where =
+        absl::StrCat("the agreement of epoch ", current.epoch, " on ", store_->Describe());
+    absl::StatusOr<std::string> leader =
+        store_->CompareSet(keys.Leader(), "", me, absl::Now() + options_.decision_timeout);
+    if (!leader.ok()) return strata::internal::Annotate(leader.status(), where);
+    if (*leader == me) STRATA_RETURN_IF_ERROR(Lead(current, rank, keys));
+    for (int takeovers = 0;; ++takeovers) {
+      absl::StatusOr<std::string> text =
+          store_->Get(keys.Decision(), absl::Now() + options_.decision_timeout);
+      if (text.ok()) return Decision::Decode(*text);
+      if (!IsTimeout(text.status())) return strata::internal::Annotate(text.status(), where);
+      // The leader did not deliver: take over (one rank wins the CompareSet).
+      absl::StatusOr<std::string> old =
+          store_->Get(keys.Leader(), absl::Now() + options_.decision_timeout);
+      if (!old.ok()) return strata::internal::Annotate(old.status(), where);
+      if (takeovers >= options_.max_leader_takeovers) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            where, ": rank ", rank, " waited for the decision (key ", keys.Decision(), ") ",
+            takeovers + 1, " times ", absl::FormatDuration(options_.decision_timeout),
+            "; the last leader, rank ", *old, ", never wrote it"));
+      }
+      absl::StatusOr<std::string> now =
+          store_->CompareSet(keys.Leader(), *old, me, absl::Now() + options_.decision_timeout);
+      if (!now.ok()) return strata::internal::Annotate(now.status(), where);
+      if (*now == me) STRATA_RETURN_IF_ERROR(Lead(current, rank, keys));
+    }
+  }
+
+ private:
+  struct Seen {
+    absl::Time known_at = absl::InfinitePast();
+  };
+
+  // One look at `key`: its value, nullopt when absent, or the store's error.
+  absl::StatusOr<std::optional<std::string>> Peek(const std::string& key) {
+    absl::StatusOr<std::string> v = store_->Get(key, absl::InfinitePast());
+    if (v.ok()) return std::optional<std::string>(*std::move(v));
+    if (IsTimeout(v.status())) return std::optional<std::string>();
+    return v.status();
+  }
+
+  absl::Status Lead(const Membership& current, int rank, const Keys& keys) {
+    const absl::Time start = absl::Now();
+    const absl::Time settle = start + options_.settle_timeout;
+    const std::string where = absl::StrCat("leading the agreement of epoch ", current.epoch,
+                                           " (rank ", rank, ") on ", store_->Describe());
+    Decision d;
+    d.epoch = current.epoch;
+    d.next_epoch = current.epoch + 1;
+    d.leader = rank;
+    absl::StatusOr<std::string> alarm = store_->Get(keys.Alarm(), settle);
+    if (alarm.ok()) {
+      absl::StatusOr<Detection> cause = DecodeDetection(*alarm);
+      if (cause.ok()) d.cause = *cause;
+    } else if (!IsTimeout(alarm.status())) {
+      return strata::internal::Annotate(alarm.status(), where);
+    }
+    std::map<int, Seen> seen;
+    std::map<int, std::string> failed;
+    std::set<int> missing(current.members.begin(), current.members.end());
+    if (d.cause.source == DetectionSource::kRequest) {
+      // A planned change: the ranks it evicts leave whether they check in
+      // or not (they do; they are alive).
+      for (int m : d.cause.evict) {
+        if (missing.erase(m) == 1) {
+          failed[m] = absl::StrCat("evicted by rank ", d.cause.reporter, ": ", d.cause.detail);
+        }
+      }
+    }
+    std::map<int, internal::ProcessId> processes;
+    absl::Duration pause = absl::Milliseconds(1);
+    // Until the check-ins stop coming, count them (one read) rather than
+    // look at every member: the sweep below then reads each member's
+    // check-in once and polls only the silent ones.
+    for (int64_t last = -1;;) {
+      absl::StatusOr<int64_t> count = store_->Add(keys.CheckIns(), 0, settle);
+      if (!count.ok()) return strata::internal::Annotate(count.status(), where);
+      if (*count >= static_cast<int64_t>(current.members.size()) || *count == last ||
+          absl::Now() >= settle) {
+        break;
+      }
+      last = *count;
+      absl::SleepFor(std::min(pause, settle - absl::Now()));
+      pause = std::min(pause * 2, absl::Milliseconds(20));
+    }
+    pause = absl::Milliseconds(1);
+    while (!missing.empty()) {
+      for (auto it = missing.begin(); it != missing.end();) {
+        const int m = *it;
+        STRATA_ASSIGN_OR_RETURN(std::optional<std::string> alive, Peek(keys.Alive(m)));
+        if (alive.has_value()) {
+          nlohmann::json j = nlohmann::json::parse(*alive, nullptr, false);
+          Seen s;
+          if (j.is_object() && j.contains("known_at"))
+            s.known_at = FromUnix(j["known_at"].get<double>());
+          seen[m] = s;
+          it = missing.erase(it);
+          continue;
+        }
+        STRATA_ASSIGN_OR_RETURN(std::optional<std::string> why, Peek(keys.Suspect(m)));
+        if (!why.has_value() && options_.probe_processes) {
+          // The leader's own look at members of its host.
+          if (processes.find(m) == processes.end()) {
+            STRATA_ASSIGN_OR_RETURN(std::optional<std::string> hb, Peek(keys.Heartbeat(m)));
+            if (!hb.has_value() && current.epoch > 1) {
+              STRATA_ASSIGN_OR_RETURN(hb, Peek(Keys(options_.job, current.epoch - 1).Heartbeat(m)));
+            }
+            if (hb.has_value()) {
+              const size_t space = hb->find(' ');
+              absl::StatusOr<internal::ProcessId> p = internal::ProcessId::Decode(
+                  space == std::string::npos ? "" : absl::string_view(*hb).substr(space + 1));
+              if (p.ok()) processes[m] = *p;
+            }
+          }
+          auto p = processes.find(m);
+          if (p != processes.end() && internal::Probe(p->second) == internal::ProbeResult::kGone) {
+            why = absl::StrCat("its process (pid ", p->second.pid, " on ", p->second.host,
+                               ") is gone");
+          }
+        }
+        if (why.has_value()) {
+          failed[m] = *why;
+          it = missing.erase(it);
+          continue;
+        }
+        ++it;
+      }
+      if (missing.empty()) break;
+      if (absl::Now() >= settle) {
+        for (int m : missing) {
+          failed[m] = absl::StrCat("no check-in within ",
+                                   absl::FormatDuration(options_.settle_timeout), " of the alarm");
+        }
+        break;
+      }
+      absl::SleepFor(std::min(pause, settle - absl::Now()));
+      pause = std::min(pause * 2, absl::Milliseconds(20));
+    }
+    for (const auto& [m, s] : seen) d.known_by_all_at = std::max(d.known_by_all_at, s.known_at);
+    for (const auto& [m, why] : failed) {
+      d.failed.push_back(m);
+      d.failed_why.push_back(why);
+    }
+    const size_t n = current.members.size();
+    if (seen.size() * 2 <= n) {
+      d.kind = Decision::Kind::kStop;
+      d.stop_reason =
+          absl::StrCat("only ", seen.size(), " of the ", n, " members of epoch ", current.epoch,
+                       " checked in (", Ranks(current.members), " less failed ", Ranks(d.failed),
+                       "), not a majority: this partition stops rather than train on "
+                       "beside another");
+    } else {
+      absl::StatusOr<Mesh> mesh = Mesh::Create(current.mesh);
+      if (!mesh.ok()) return strata::internal::Annotate(mesh.status(), where);
+      std::vector<int> roots;
+      for (int f : d.failed) roots.push_back(current.RootRankOf(f));
+      absl::StatusOr<RegroupPlan> plan = PlanRegroup(*mesh, roots);
+      if (!plan.ok()) {
+        d.kind = Decision::Kind::kStop;
+        d.stop_reason = std::string(plan.status().message());
+      } else {
+        for (int r : plan->leaving) d.leaving.push_back(current.members[r]);
+        d.mesh = plan->new_mesh;
+      }
+    }
+    d.decided_at = absl::Now();
+    absl::StatusOr<std::string> written = store_->CompareSet(
+        keys.Decision(), "", d.Encode(), absl::Now() + options_.decision_timeout);
+    if (!written.ok()) return strata::internal::Annotate(written.status(), where);
+    // Fence: a member taken as failed whose process still exists on this
+    // host (stopped, hung) is killed, so that it cannot resume on a stale
+    // state and its launcher can finish.
+    if (options_.fence_unresponsive && d.kind == Decision::Kind::kContinue) {
+      for (int m : d.failed) {
+        auto p = processes.find(m);
+        if (p == processes.end()) {
+          absl::StatusOr<std::optional<std::string>> hb = Peek(keys.Heartbeat(m));
+          if (hb.ok() && hb->has_value()) {
+            const size_t space = (*hb)->find(' ');
+            absl::StatusOr<internal::ProcessId> id = internal::ProcessId::Decode(
+                space == std::string::npos ? "" : absl::string_view(**hb).substr(space + 1));
+            if (id.ok()) p = processes.emplace(m, *id).first;
+          }
+        }
+        if (p != processes.end()) internal::Fence(p->second);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<Store> store_;
+  const ElasticOptions options_;
+};
+
+}  // namespace
+
+Membership Decision::Next(const Membership& current) const {
+  Membership next;
+  next.epoch = next_epoch;
+  next.mesh = mesh;
+  for (int m : current.members) {
+    if (std::binary_search(failed.begin(), failed.end(), m)) continue;
+    if (std::binary_search(leaving.begin(), leaving.end(), m)) continue;
+    next.members.push_back(m);
+  }
+  return next;
+}
+
+std::string Decision::Encode() const {
+  nlohmann::json j;
+  j["kind"] = kind == Kind::kContinue ? "continue" : "stop";
+  j["epoch"] = epoch;
+  j["next_epoch"] = next_epoch;
+  j["failed"] = failed;
+  j["failed_why"] = failed_why;
+  j["leaving"] = leaving;
+  j["mesh"] = {{"world_size", mesh.world_size},
+               {"tp", mesh.tp},
+               {"pp", mesh.pp},
+               {"cp", mesh.cp},
+               {"ep", mesh.ep},
+               {"etp", mesh.etp},
+               {"dp", mesh.dp},
+               {"order", mesh.order},
+               {"ranks_per_node", mesh.ranks_per_node}};
+  j["stop_reason"] = stop_reason;
+  j["cause"] = EncodeDetection(cause);
+  j["leader"] = leader;
+  j["known_by_all_at"] = Unix(known_by_all_at);
+  j["decided_at"] = Unix(decided_at);
+  return j.dump();
+}
+
+absl::StatusOr<Decision> Decision::Decode(absl::string_view text) {
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat("bad decision record '", text, "'"));
+  }
+  Decision d;
+  try {
+    d.kind = j.at("kind").get<std::string>() == "continue" ? Kind::kContinue : Kind::kStop;
+    d.epoch = j.at("epoch").get<uint64_t>();
+    d.next_epoch = j.at("next_epoch").get<uint64_t>();
+    d.failed = j.at("failed").get<std::vector<int>>();
+    d.failed_why = j.at("failed_why").get<std::vector<std::string>>();
+    d.leaving = j.at("leaving").get<std::vector<int>>();
+    const nlohmann::json& m = j.at("mesh");
+    d.mesh.world_size = m.at("world_size").get<int>();
+    d.mesh.tp = m.at("tp").get<int>();
+    d.mesh.pp = m.at("pp").get<int>();
+    d.mesh.cp = m.at("cp").get<int>();
+    d.mesh.ep = m.at("ep").get<int>();
+    d.mesh.etp = m.at("etp").get<int>();
+    d.mesh.dp = m.at("dp").get<int>();
+    d.mesh.order = m.at("order").get<std::string>();
+    d.mesh.ranks_per_node = m.at("ranks_per_node").get<int>();
+    d.stop_reason = j.at("stop_reason").get<std::string>();
+    absl::StatusOr<Detection> cause = DecodeDetection(j.at("cause").get<std::string>());
+    if (!cause.ok()) return cause.status();
+    d.cause = *cause;
+    d.leader = j.at("leader").get<int>();
+    d.known_by_all_at = FromUnix(j.at("known_by_all_at").get<double>());
+    d.decided_at = FromUnix(j.at("decided_at").get<double>());
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("bad decision record: ", e.what()));
+  }
+  return d;
+}
+
+std::unique_ptr<Agreement> MakeStoreAgreement(std::shared_ptr<Store> store,
+                                              const ElasticOptions& options) {
+  return std::make_unique<StoreAgreement>(std::move(store), options);
+}
+
+absl::Status CheckInForTest(Store& store, const ElasticOptions& options, uint64_t epoch, int rank) {
+  nlohmann::json j = {{"known_at", Unix(absl::Now())},
+                      {"suspects", std::vector<int>{}},
+                      {"process", internal::Self().Encode()}};
+  const Keys keys(options.job, epoch);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  STRATA_RETURN_IF_ERROR(store.Set(keys.Alive(rank), j.dump(), deadline));
+  return store.Add(keys.CheckIns(), 1, deadline).status();
+}
+
+}  // namespace strata::elastic

@@ -1,0 +1,134 @@
+#include "strata/observe/op_record.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "strata/base/status.h"
+
+namespace strata::observe {
+
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllToAll:
+    case OpKind::kAllToAllV:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kSplit:
+      return "split";
+    case OpKind::kShrink:
+      return "shrink";
+  }
+  return "unknown";
+}
+
+bool IsPointToPoint(OpKind kind) { return kind == OpKind::kSend || kind == OpKind::kRecv; }
+
+const char* OpStateName(OpState state) {
+  switch (state) {
+    case OpState::kScheduled:
+      return "scheduled";
+    case OpState::kStarted:
+      return "started";
+    case OpState::kCompleted:
+      return "completed";
+  }
+  return "unknown";
+}
+
+const char* TorchScalarTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return "Float";
+    case DataType::kFloat64:
+      return "Double";
+    case DataType::kFloat16:
+      return "Half";
+    case DataType::kBFloat16:
+      return "BFloat16";
+    case DataType::kInt8:
+      return "Char";
+    case DataType::kUInt8:
+      return "Byte";
+    case DataType::kInt32:
+      return "Int";
+    case DataType::kInt64:
+      return "Long";
+    case DataType::kInt16:
+      return "Short";
+    case DataType::kBool:
+      return "Bool";
+  }
+  return "Undefined";
+}
+
+std::string ProfilingName(const OpRecord& record) {
+  const std::string backend = record.comm != nullptr ? record.comm->backend : "strata";
+  const int rank = record.comm != nullptr ? record.comm->rank : 0;
+  switch (record.kind) {
+    case OpKind::kSend:
+      return absl::StrCat(backend, ":send ", rank, "->", record.peer);
+    case OpKind::kRecv:
+      return absl::StrCat(backend, ":recv ", rank, "<-", record.peer);
+    default:
+      return absl::StrCat(backend, ":", OpKindName(record.kind));
+  }
+}
+
+OpTrace::OpTrace(std::shared_ptr<OpSink> sink, OpRecord record)
+    : sink_(std::move(sink)), record_(std::move(record)) {
+  STRATA_CHECK(sink_ != nullptr, "an OpTrace needs a sink");
+  std::lock_guard<std::mutex> lock(mu_);
+  sink_->OnScheduled(record_);
+}
+
+OpTrace::~OpTrace() {
+  // Nobody reported the end: say so rather than leave the operation
+  // scheduled for ever in the sink's view.
+  Completed(absl::CancelledError(
+      absl::StrCat(OpKindName(record_.kind), " was dropped before it completed")));
+}
+
+void OpTrace::Started() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (record_.state != OpState::kScheduled) return;
+  record_.state = OpState::kStarted;
+  record_.time_started_ns = absl::GetCurrentTimeNanos();
+  sink_->OnStarted(record_);
+}
+
+void OpTrace::Completed(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (record_.state == OpState::kCompleted) return;
+  record_.state = OpState::kCompleted;
+  record_.time_completed_ns = absl::GetCurrentTimeNanos();
+  record_.status = status;
+  sink_->OnCompleted(record_);
+}
+
+bool OpTrace::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return record_.state == OpState::kCompleted;
+}
+
+OpRecord OpTrace::record() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return record_;
+}
+
+}  // namespace strata::observe

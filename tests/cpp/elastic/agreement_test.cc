@@ -1,0 +1,213 @@
+// The store agreement with ranks as threads over a memory store: for every
+// subset of failed ranks of an 8-rank dp4 x tp2 world, every survivor gets
+// the same decision, and it is the reference one (the failed set, the
+// replicas that leave, the new mesh, or a stop for a minority or a mesh
+// without a complete replica). Then: failed ranks nobody reported are
+// found by the settle timeout; a leader that dies is replaced; keys of an
+// old epoch are not read.
+#include "strata/elastic/agreement.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "elastic/internal/keys.h"
+#include "strata/elastic/heartbeat.h"
+
+namespace strata::elastic {
+namespace {
+
+using ::testing::HasSubstr;
+
+Membership Dp4Tp2() {
+  MeshSpec s;
+  s.world_size = 8;
+  s.tp = 2;
+  return InitialMembership(Mesh::Create(s)->spec());
+}
+
+ElasticOptions Fast() {
+  ElasticOptions o;
+  o.settle_timeout = absl::Seconds(5);  // never reached where evidence exists
+  o.decision_timeout = absl::Seconds(5);
+  o.probe_processes = false;  // the "failed" ranks are threads of this process
+  return o;
+}
+
+void RaiseAlarm(Store& store, const ElasticOptions& o, uint64_t epoch, int reporter) {
+  Detection d;
+  d.source = DetectionSource::kBackend;
+  d.reporter = reporter;
+  d.detail = "test";
+  d.found_at = d.failed_at = absl::Now();
+  ASSERT_TRUE(store
+                  .CompareSet(internal::Keys(o.job, epoch).Alarm(), "", EncodeDetection(d),
+                              absl::Now() + absl::Seconds(5))
+                  .ok());
+}
+
+// Runs the agreement of `m` on the live ranks (threads); `failed` ranks do
+// nothing, and their failure is recorded as monitors would (suspect keys)
+// when `evidence`. Returns each live rank's decision (or error).
+std::vector<absl::StatusOr<Decision>> AgreeOn(const Membership& m, const std::vector<int>& failed,
+                                              bool evidence, const ElasticOptions& o,
+                                              std::shared_ptr<Store> store = MakeMemoryStore()) {
+  const internal::Keys keys(o.job, m.epoch);
+  std::vector<int> live;
+  for (int r : m.members) {
+    if (std::find(failed.begin(), failed.end(), r) == failed.end()) live.push_back(r);
+  }
+  if (!live.empty()) RaiseAlarm(*store, o, m.epoch, live[0]);
+  if (evidence) {
+    for (int f : failed) {
+      EXPECT_TRUE(store->Set(keys.Suspect(f), "test: gone", absl::Now() + absl::Seconds(5)).ok());
+    }
+  }
+  std::vector<absl::StatusOr<Decision>> out(live.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < live.size(); ++i) {
+    threads.emplace_back([&, i] {
+      absl::Status in = CheckInForTest(*store, o, m.epoch, live[i]);
+      if (!in.ok()) {
+        out[i] = in;
+        return;
+      }
+      auto agreement = MakeStoreAgreement(store, o);
+      out[i] = agreement->Agree(m, live[i], {});
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+TEST(StoreAgreementTest, EverySubsetOfFailedRanksOfEightGetsOneDecision) {
+  const Membership m = Dp4Tp2();
+  const Mesh mesh = *Mesh::Create(m.mesh);
+  const ElasticOptions o = Fast();
+  for (int mask = 1; mask < 255; ++mask) {
+    std::vector<int> failed;
+    for (int r = 0; r < 8; ++r) {
+      if (mask & (1 << r)) failed.push_back(r);
+    }
+    const std::string where = absl::StrCat("failed [", absl::StrJoin(failed, ","), "]");
+    std::vector<absl::StatusOr<Decision>> got = AgreeOn(m, failed, /*evidence=*/true, o);
+    // Every live rank holds the same decision.
+    ASSERT_TRUE(got[0].ok()) << where << ": " << got[0].status();
+    for (const auto& d : got) {
+      ASSERT_TRUE(d.ok()) << where << ": " << d.status();
+      EXPECT_EQ(d->Encode(), got[0]->Encode()) << where;
+    }
+    const Decision& d = *got[0];
+    EXPECT_EQ(d.epoch, 1u);
+    EXPECT_EQ(d.next_epoch, 2u);
+    EXPECT_EQ(d.failed, failed) << where;
+    const int live = 8 - static_cast<int>(failed.size());
+    absl::StatusOr<RegroupPlan> plan = PlanRegroup(mesh, failed);
+    if (live * 2 <= 8) {
+      EXPECT_EQ(d.kind, Decision::Kind::kStop) << where;
+      EXPECT_THAT(d.stop_reason, HasSubstr(absl::StrCat("only ", live, " of the 8 members")));
+      EXPECT_THAT(d.stop_reason, HasSubstr("not a majority"));
+    } else if (!plan.ok()) {
+      EXPECT_EQ(d.kind, Decision::Kind::kStop) << where;
+      EXPECT_THAT(d.stop_reason, HasSubstr("no complete model replica")) << where;
+    } else {
+      EXPECT_EQ(d.kind, Decision::Kind::kContinue) << where;
+      EXPECT_EQ(d.leaving, plan->leaving) << where;  // job ranks = root ranks at epoch 1
+      EXPECT_EQ(d.mesh.dp, plan->new_mesh.dp) << where;
+      Membership next = d.Next(m);
+      EXPECT_EQ(next.epoch, 2u);
+      EXPECT_EQ(next.members, plan->survivors) << where;
+    }
+  }
+}
+
+TEST(StoreAgreementTest, SilentRanksAreTakenAsFailedAtTheSettleTimeout) {
+  ElasticOptions o = Fast();
+  o.settle_timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<Decision>> got = AgreeOn(Dp4Tp2(), {5}, /*evidence=*/false, o);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(got[0]->failed, std::vector<int>{5});
+  EXPECT_THAT(got[0]->failed_why[0], HasSubstr("no check-in within 300ms"));
+  EXPECT_EQ(got[0]->leaving, std::vector<int>{4});
+  EXPECT_GE(took, absl::Milliseconds(300));
+  EXPECT_LT(took, absl::Seconds(5));
+}
+
+TEST(StoreAgreementTest, ADeadLeaderIsReplaced) {
+  ElasticOptions o = Fast();
+  o.decision_timeout = absl::Milliseconds(300);
+  auto store = MakeMemoryStore();
+  // Rank 6 took the leadership, then died (it is also among the failed).
+  const internal::Keys keys(o.job, 1);
+  ASSERT_TRUE(store->CompareSet(keys.Leader(), "", "6", absl::Now() + absl::Seconds(1)).ok());
+  std::vector<absl::StatusOr<Decision>> got = AgreeOn(Dp4Tp2(), {6}, /*evidence=*/true, o, store);
+  for (const auto& d : got) {
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->Encode(), got[0]->Encode());
+  }
+  EXPECT_NE(got[0]->leader, 6);
+  EXPECT_EQ(got[0]->failed, std::vector<int>{6});
+}
+
+TEST(StoreAgreementTest, WithoutAnyLeaderTheWaitEndsNamingTheKey) {
+  ElasticOptions o = Fast();
+  o.decision_timeout = absl::Milliseconds(100);
+  o.max_leader_takeovers = 0;
+  auto store = MakeMemoryStore();
+  const internal::Keys keys(o.job, 1);
+  ASSERT_TRUE(store->CompareSet(keys.Leader(), "", "7", absl::Now() + absl::Seconds(1)).ok());
+  auto agreement = MakeStoreAgreement(store, o);
+  absl::StatusOr<Decision> d = agreement->Agree(Dp4Tp2(), 0, {});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(d.status().message(), HasSubstr(keys.Decision()));
+  EXPECT_THAT(d.status().message(), HasSubstr("the last leader, rank 7, never wrote it"));
+}
+
+TEST(StoreAgreementTest, AnOldEpochsDecisionIsNotRead) {
+  ElasticOptions o = Fast();
+  auto store = MakeMemoryStore();
+  Decision stale;
+  stale.epoch = 1;
+  stale.next_epoch = 2;
+  stale.failed = {0, 1, 2, 3};
+  ASSERT_TRUE(
+      store
+          ->Set(internal::Keys(o.job, 1).Decision(), stale.Encode(), absl::Now() + absl::Seconds(1))
+          .ok());
+  Membership m = Dp4Tp2();
+  m.epoch = 2;
+  std::vector<absl::StatusOr<Decision>> got = AgreeOn(m, {3}, /*evidence=*/true, o, store);
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(got[0]->epoch, 2u);
+  EXPECT_EQ(got[0]->failed, std::vector<int>{3});
+}
+
+TEST(DecisionTest, RoundTrips) {
+  Decision d;
+  d.epoch = 3;
+  d.next_epoch = 4;
+  d.failed = {2};
+  d.failed_why = {"gone"};
+  d.leaving = {3};
+  d.mesh = Dp4Tp2().mesh;
+  d.cause.detail = "x";
+  d.cause.evict = {1};
+  absl::StatusOr<Decision> back = Decision::Decode(d.Encode());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->Encode(), d.Encode());
+  EXPECT_FALSE(Decision::Decode("{").ok());
+}
+
+}  // namespace
+}  // namespace strata::elastic

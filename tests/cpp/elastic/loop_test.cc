@@ -1,0 +1,429 @@
+// ElasticLoop end to end with ranks as threads: real Gloo communicators
+// over a memory store, a World of dp4 x tp2 (8 ranks), a step of a dp and a
+// tp all-reduce. A rank "dies" (its loop stops and its communicators are
+// aborted, as a SIGKILL looks to the others) or hangs (it stops taking part
+// and heartbeating, as SIGSTOP); the survivors recover, the replica that
+// lost the rank leaves, and the parameters after the last step equal a
+// reference computed here that applies every step once (the global batch
+// is kept, so the reference does not depend on dp). Also: two failures in
+// a row, 50 planned regroups in one process without leaking threads,
+// file descriptors or memory, and heartbeats that go on while an abort of
+// the World blocks.
+#include <dirent.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/gloo/gloo_communicator.h"
+#include "elastic/internal/keys.h"
+#include "strata/elastic/elastic_loop.h"
+#include "strata/parallel/world.h"
+
+namespace strata::elastic {
+namespace {
+
+using ::testing::ElementsAre;
+
+constexpr int kParams = 4;
+constexpr int kGlobalBatch = 12;
+constexpr double kLr = 0.01;
+
+// The gradient of sample i: deterministic, exact in double.
+double Grad(int64_t sample, int p) { return static_cast<double>((sample * 7 + p * 3) % 11) - 5.0; }
+
+std::vector<double> Reference(int64_t steps) {
+  std::vector<double> params(kParams, 1.0);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int p = 0; p < kParams; ++p) {
+      double g = 0;
+      for (int i = 0; i < kGlobalBatch; ++i) g += Grad(s * kGlobalBatch + i, p);
+      params[p] -= kLr * g / kGlobalBatch;
+    }
+  }
+  return params;
+}
+
+ElasticOptions TestOptions() {
+  ElasticOptions o;
+  o.heartbeat_interval = absl::Milliseconds(50);
+  o.heartbeat_timeout = absl::Milliseconds(600);
+  o.settle_timeout = absl::Seconds(3);
+  o.decision_timeout = absl::Seconds(10);
+  o.rebuild_timeout = absl::Seconds(20);
+  o.commit_timeout = absl::Seconds(30);
+  o.probe_processes = false;  // ranks are threads of this process
+  return o;
+}
+
+enum class Fate { kLive, kDie, kHang };
+
+struct RankResult {
+  absl::Status status;
+  LoopResult loop;
+  std::vector<double> params;
+  Membership membership;
+};
+
+// Runs `steps` steps on `n` threads over a mesh of `tp`; rank `fates[r]`
+// at step `at[r]`.
+std::vector<RankResult> Train(int n, int tp, int64_t steps,
+                              std::map<int, std::pair<Fate, int64_t>> fates,
+                              ElasticOptions options = TestOptions()) {
+  auto store = MakeMemoryStore();
+  std::vector<RankResult> results(n);
+  std::atomic<bool> survivors_done{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      RankResult& out = results[r];
+      RootOptions ro;
+      ro.comm.timeout = absl::Seconds(60);
+      auto root = gloo::GlooCommunicator::CreateRoot(ro, store, r, n);
+      if (!root.ok()) {
+        out.status = root.status();
+        return;
+      }
+      MeshSpec spec;
+      spec.world_size = n;
+      spec.tp = tp;
+      WorldOptions wo;
+      wo.root.comm.timeout = absl::Seconds(60);
+      auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), wo);
+      if (!world.ok()) {
+        out.status = world.status();
+        return;
+      }
+      auto loop = ElasticLoop::Create(**world, store, options);
+      if (!loop.ok()) {
+        out.status = loop.status();
+        return;
+      }
+      std::vector<double> params(kParams, 1.0);
+      std::vector<double> grad(kParams);
+      const auto fate = fates.count(r) ? fates[r] : std::make_pair(Fate::kLive, int64_t{-1});
+      LoopCallbacks cb;
+      cb.step = [&](const StepContext& ctx) -> absl::Status {
+        // This replica's share of the global batch (uneven splits allowed).
+        Mesh mesh = ctx.world->mesh();
+        const int dp = mesh.dp();
+        const int d = (*mesh.Coords(ctx.world->rank())).at("dp");
+        const int begin = kGlobalBatch * d / dp, end = kGlobalBatch * (d + 1) / dp;
+        for (int p = 0; p < kParams; ++p) {
+          grad[p] = 0;
+          for (int i = begin; i < end; ++i) grad[p] += Grad(ctx.step * kGlobalBatch + i, p);
+          grad[p] /= kGlobalBatch;
+        }
+        for (const char* axes : {"dp", "tp"}) {
+          absl::StatusOr<Communicator*> g = ctx.world->Group(axes);
+          if (!g.ok()) return g.status();
+          // tp: the ranks of a replica hold the same gradient; summing and
+          // dividing keeps it and makes tp take part in every step.
+          auto w = (*g)->AllReduce(ConstBuffer(grad.data(), kParams, DataType::kFloat64),
+                                   Buffer::Of(grad.data(), kParams),
+                                   std::string(axes) == "dp" ? ReduceOp::kSum : ReduceOp::kAvg);
+          if (!w.ok()) return w.status();
+          if (absl::Status s = (*w)->Wait(); !s.ok()) return s;
+        }
+        return absl::OkStatus();
+      };
+      cb.apply = [&](const StepContext&) {
+        for (int p = 0; p < kParams; ++p) params[p] -= kLr * grad[p];
+        return absl::OkStatus();
+      };
+      if (fate.first != Fate::kLive) {
+        // A hand-written loop (what Run does) up to the step it fails in.
+        for (int64_t step = 0; step < fate.second;) {
+          StepContext ctx;
+          ctx.step = step;
+          ctx.world = world->get();
+          absl::Status s = (*loop)->BeginStep(step);
+          if (s.ok()) s = cb.step(ctx);
+          if (!s.ok()) (*loop)->ReportFailure(s);
+          absl::StatusOr<bool> committed = (*loop)->Commit(step, s.ok());
+          if (!committed.ok()) {
+            out.status = committed.status();
+            return;
+          }
+          if (*committed) {
+            (void)cb.apply(ctx);
+            ++step;
+            continue;
+          }
+          absl::StatusOr<ElasticLoop::Recovery> rec = (*loop)->Recover();
+          if (!rec.ok() || rec->outcome != ElasticLoop::Outcome::kContinue) {
+            out.status = absl::InternalError("a rank meant to fail later failed to recover");
+            return;
+          }
+        }
+        loop->reset();  // its monitor stops: no more heartbeats
+        if (fate.first == Fate::kDie) {
+          (*world)->AbortAll();  // its connections close, as when the process dies
+        } else {
+          while (!survivors_done.load()) absl::SleepFor(absl::Milliseconds(20));
+        }
+        out.status = absl::CancelledError("this rank failed");
+        return;
+      }
+      absl::StatusOr<LoopResult> result = (*loop)->Run(cb, 0, steps);
+      out.membership = (*loop)->membership();
+      if (!result.ok()) {
+        out.status = result.status();
+        return;
+      }
+      out.loop = *result;
+      out.params = params;
+    });
+  }
+  // The hung rank resumes once the survivors are through.
+  for (int r = 0; r < n; ++r) {
+    if (!fates.count(r) || fates[r].first != Fate::kHang) {
+      threads[r].join();
+    }
+  }
+  survivors_done.store(true);
+  for (int r = 0; r < n; ++r) {
+    if (threads[r].joinable()) threads[r].join();
+  }
+  return results;
+}
+
+TEST(ElasticLoopTest, NoFailureTrainsLikeTheReference) {
+  std::vector<RankResult> results = Train(8, 2, 6, {});
+  for (int r = 0; r < 8; ++r) {
+    ASSERT_TRUE(results[r].status.ok()) << "rank " << r << ": " << results[r].status;
+    EXPECT_EQ(results[r].params, Reference(6));
+    EXPECT_TRUE(results[r].loop.events.empty());
+  }
+}
+
+void ExpectRecovered(const std::vector<RankResult>& results, const std::vector<int>& dead,
+                     const std::vector<int>& leaving, int64_t steps, uint64_t epoch, int dp) {
+  for (int r = 0; r < static_cast<int>(results.size()); ++r) {
+    const RankResult& res = results[r];
+    if (std::find(dead.begin(), dead.end(), r) != dead.end()) continue;
+    if (std::find(leaving.begin(), leaving.end(), r) != leaving.end()) {
+      ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+      EXPECT_TRUE(res.loop.left) << "rank " << r;
+      continue;
+    }
+    ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+    EXPECT_FALSE(res.loop.left);
+    EXPECT_EQ(res.loop.next_step, steps);
+    EXPECT_EQ(res.params, Reference(steps)) << "rank " << r;
+    EXPECT_EQ(res.membership.epoch, epoch) << "rank " << r;
+    EXPECT_EQ(res.membership.mesh.dp, dp) << "rank " << r;
+    ASSERT_FALSE(res.loop.events.empty());
+    if (r == res.membership.members[0]) {
+      for (const RecoveryEvent& e : res.loop.events)
+        std::fprintf(stderr, "%s\n", e.ToJson().c_str());
+    }
+    // Every survivor holds the same events.
+    const RankResult& first = results[res.membership.members[0]];
+    ASSERT_EQ(res.loop.events.size(), first.loop.events.size());
+    for (size_t i = 0; i < res.loop.events.size(); ++i) {
+      EXPECT_EQ(res.loop.events[i].failed, first.loop.events[i].failed);
+      EXPECT_EQ(res.loop.events[i].epoch_after, first.loop.events[i].epoch_after);
+      EXPECT_EQ(res.loop.events[i].members, first.loop.events[i].members);
+    }
+  }
+}
+
+TEST(ElasticLoopTest, ARankThatDiesIsDroppedWithItsReplica) {
+  std::vector<RankResult> results = Train(8, 2, 8, {{5, {Fate::kDie, 3}}});
+  ExpectRecovered(results, {5}, {4}, 8, 2, 3);
+  const RecoveryEvent& e = results[0].loop.events.at(0);
+  EXPECT_THAT(e.failed, ElementsAre(5));
+  EXPECT_THAT(e.leaving, ElementsAre(4));
+  EXPECT_THAT(e.members, ElementsAre(0, 1, 2, 3, 6, 7));
+  EXPECT_EQ(e.mesh_before.dp, 4);
+  EXPECT_EQ(e.mesh_after.dp, 3);
+  EXPECT_EQ(e.step, 3);
+  EXPECT_GT(e.rebuild, absl::ZeroDuration());
+}
+
+TEST(ElasticLoopTest, AHungRankIsFoundByItsHeartbeat) {
+  std::vector<RankResult> results = Train(8, 2, 6, {{2, {Fate::kHang, 2}}});
+  ExpectRecovered(results, {2}, {3}, 6, 2, 3);
+  const RecoveryEvent& e = results[0].loop.events.at(0);
+  EXPECT_EQ(e.cause.source, DetectionSource::kHeartbeat) << e.ToJson();
+  EXPECT_EQ(e.cause.suspect, 2);
+  EXPECT_THAT(e.failed, ElementsAre(2));
+}
+
+TEST(ElasticLoopTest, TwoFailuresInARow) {
+  std::vector<RankResult> results = Train(8, 2, 9, {{5, {Fate::kDie, 2}}, {0, {Fate::kDie, 5}}});
+  ExpectRecovered(results, {5, 0}, {4, 1}, 9, 3, 2);
+  const std::vector<RecoveryEvent>& events = results[2].loop.events;
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_THAT(events[0].failed, ElementsAre(5));
+  EXPECT_THAT(events[1].failed, ElementsAre(0));
+  EXPECT_EQ(events[1].epoch_after, 3u);
+}
+
+int CountEntries(const std::string& dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+long RssKib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return 0;
+}
+
+// 50 recoveries in one process (planned regroups onto the same mesh, which
+// take the same path as a failure: alarm, abort, agreement, shrink,
+// rebuild) leak no threads, file descriptors or memory.
+TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
+  constexpr int n = 4;
+  auto store = MakeMemoryStore();
+  auto run = [&](int recoveries, std::vector<int64_t>* epochs) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        RootOptions ro;
+        ro.comm.timeout = absl::Seconds(60);
+        auto root = gloo::GlooCommunicator::CreateRoot(ro, store, r, n);
+        ASSERT_TRUE(root.ok()) << root.status();
+        MeshSpec spec;
+        spec.world_size = n;
+        auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+        ASSERT_TRUE(world.ok()) << world.status();
+        ElasticOptions o = TestOptions();
+        o.job = absl::StrCat("leak", epochs->size());
+        auto loop = ElasticLoop::Create(**world, store, o);
+        ASSERT_TRUE(loop.ok()) << loop.status();
+        for (int i = 0; i < recoveries; ++i) {
+          if (r == i % n) ASSERT_TRUE((*loop)->RequestChange({}, "leak test").ok());
+          // Wait until this rank knows (as a step blocked in a collective
+          // would be woken by its abort).
+          while (!(*loop)->alarmed()) absl::SleepFor(absl::Milliseconds(5));
+          absl::StatusOr<ElasticLoop::Recovery> rec = (*loop)->Recover();
+          ASSERT_TRUE(rec.ok()) << rec.status();
+          ASSERT_EQ(rec->outcome, ElasticLoop::Outcome::kContinue);
+          double x = 1;
+          auto w = (*world)->root().AllReduce(ConstBuffer(&x, 1, DataType::kFloat64),
+                                              Buffer::Of(&x, 1), ReduceOp::kSum);
+          ASSERT_TRUE(w.ok() && (*w)->Wait().ok());
+          ASSERT_EQ(x, n);
+        }
+        if (r == 0) epochs->push_back(static_cast<int64_t>((*loop)->membership().epoch));
+      });
+    }
+    for (auto& t : threads) t.join();
+  };
+  std::vector<int64_t> epochs;
+  run(2, &epochs);  // warm up: the plugin, thread pools, allocator arenas
+  const int threads_before = CountEntries("/proc/self/task");
+  const int fds_before = CountEntries("/proc/self/fd");
+  const long rss_before = RssKib();
+  run(50, &epochs);
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_EQ(epochs[1], 51);
+  EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
+  EXPECT_LE(CountEntries("/proc/self/fd"), fds_before);
+  EXPECT_LT(RssKib() - rss_before, 64 * 1024) << "RSS grew from " << rss_before << " KiB";
+}
+
+// The monitor's heartbeats never wait behind the abort an alarm causes: an
+// abort may block (MPI's waits up to seconds for pending receives to be
+// cancelled), and a rank whose heartbeat stops meanwhile would be taken as
+// hung by the others. The alarm is set in the store as another rank sets
+// it, so that this rank's monitor thread is the one that sees it.
+TEST(ElasticLoopTest, HeartbeatsGoOnWhileAnAbortBlocks) {
+  auto store = MakeMemoryStore();
+  RootOptions ro;
+  ro.comm.timeout = absl::Seconds(60);
+  auto root = gloo::GlooCommunicator::CreateRoot(ro, store, 0, 1);
+  ASSERT_TRUE(root.ok()) << root.status();
+  MeshSpec spec;
+  spec.world_size = 1;
+  auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+  ASSERT_TRUE(world.ok()) << world.status();
+
+  const absl::Duration blocked_for = absl::Milliseconds(2500);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> aborts{0};
+  std::atomic<int64_t> abort_started_ns{0};
+  ElasticHooks hooks;
+  hooks.abort_all = [&] {
+    abort_started_ns.store(absl::ToUnixNanos(absl::Now()));
+    ++aborts;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, absl::ToChronoNanoseconds(blocked_for), [&] { return release; });
+  };
+  ElasticOptions o = TestOptions();
+  o.job = "blocked-abort";
+  auto loop = ElasticLoop::Create(**world, store, o, hooks);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+
+  const internal::Keys keys(o.job, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // The first heartbeat, then the alarm.
+  ASSERT_TRUE(store->Get(keys.Heartbeat(0), deadline).ok());
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = 1;
+  d.detail = "set by the test";
+  d.found_at = d.failed_at = absl::Now();
+  ASSERT_TRUE(store->Set(keys.Alarm(), EncodeDetection(d), deadline).ok());
+  while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(aborts.load(), 1) << "the alarm did not abort the World";
+
+  // While the abort blocks, the heartbeat keeps changing.
+  const absl::Time start = absl::FromUnixNanos(abort_started_ns.load());
+  std::string last = *store->Get(keys.Heartbeat(0), deadline);
+  absl::Time last_change = absl::Now();
+  absl::Duration longest = absl::ZeroDuration();
+  int changes = 0;
+  while (absl::Now() < start + blocked_for - absl::Milliseconds(200)) {
+    absl::SleepFor(absl::Milliseconds(10));
+    std::string v = *store->Get(keys.Heartbeat(0), deadline);
+    const absl::Time now = absl::Now();
+    if (v != last) {
+      longest = std::max(longest, now - last_change);
+      last = v;
+      last_change = now;
+      ++changes;
+    }
+  }
+  longest = std::max(longest, absl::Now() - last_change);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  EXPECT_GE(changes, 3) << "the heartbeat changed " << changes << " times in "
+                        << absl::FormatDuration(blocked_for) << " of a blocked abort";
+  EXPECT_LT(longest, blocked_for / 2)
+      << "the heartbeat stood still for " << absl::FormatDuration(longest)
+      << " while the abort blocked (interval " << absl::FormatDuration(o.heartbeat_interval) << ")";
+  EXPECT_TRUE((*loop)->alarmed());
+  loop->reset();  // joins the monitor and the aborter
+  EXPECT_EQ(aborts.load(), 1);
+}
+
+}  // namespace
+}  // namespace strata::elastic

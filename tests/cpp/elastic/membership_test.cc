@@ -1,0 +1,196 @@
+// PlanRegroup over every failed set of every 8-rank mesh of dp, tp, pp, cp
+// and ep (and a few orders), against a reference built from each rank's
+// coordinates: a replica is the ranks sharing the dp coordinate (the expert
+// dp coordinate when ep > 1).
+#include "strata/elastic/membership.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "strata/elastic/options.h"
+
+namespace strata::elastic {
+namespace {
+
+using ::testing::HasSubstr;
+
+MeshSpec Spec(int tp, int pp, int cp = 1, int ep = 1, const std::string& order = "tp-cp-ep-dp-pp") {
+  MeshSpec s;
+  s.world_size = 8;
+  s.tp = tp;
+  s.pp = pp;
+  s.cp = cp;
+  s.ep = ep;
+  s.order = order;
+  return s;
+}
+
+// The replica key of `rank`: its dp coordinate, or its expert-dp one.
+int ReplicaKey(const Mesh& mesh, int rank) {
+  std::map<std::string, int> c = *mesh.Coords(rank);
+  return mesh.ep() > 1 ? c.at("edp") : c.at("dp");
+}
+
+TEST(PlanRegroupTest, EveryFailedSetOfEveryMeshOfEightRanks) {
+  const std::vector<MeshSpec> specs = {
+      Spec(1, 1),
+      Spec(2, 1),
+      Spec(4, 1),
+      Spec(8, 1),
+      Spec(1, 2),
+      Spec(2, 2),
+      Spec(1, 4),
+      Spec(2, 4),
+      Spec(2, 1, 2),
+      Spec(1, 2, 2),
+      Spec(2, 2, 1, 1, "tp-dp-pp"),
+      Spec(2, 2, 1, 1, "dp-tp-pp"),
+      Spec(2, 1, 1, 1, "dp-tp"),
+      Spec(2, 1, 1, 2),  // dp4 x tp2, ep2: expert replicas are two dense ones
+      Spec(1, 2, 1, 2),  // dp4 x pp2 with ep2
+  };
+  int plans = 0, refusals = 0;
+  for (const MeshSpec& spec : specs) {
+    absl::StatusOr<Mesh> mesh = Mesh::Create(spec);
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    const std::string name = absl::StrCat(DescribeMesh(mesh->spec()), " order ", spec.order);
+    for (int mask = 0; mask < 256; ++mask) {
+      std::vector<int> failed;
+      for (int r = 0; r < 8; ++r) {
+        if (mask & (1 << r)) failed.push_back(r);
+      }
+      // Reference: replicas hit by a failure leave whole.
+      std::set<int> broken;
+      for (int r : failed) broken.insert(ReplicaKey(*mesh, r));
+      std::vector<int> leaving, survivors;
+      for (int r = 0; r < 8; ++r) {
+        if (mask & (1 << r)) continue;
+        (broken.count(ReplicaKey(*mesh, r)) ? leaving : survivors).push_back(r);
+      }
+      absl::StatusOr<RegroupPlan> plan = PlanRegroup(*mesh, failed);
+      const std::string where = absl::StrCat(name, ", failed [", absl::StrJoin(failed, ","), "]");
+      if (survivors.empty()) {
+        ASSERT_FALSE(plan.ok()) << where;
+        EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition) << where;
+        EXPECT_THAT(plan.status().message(), HasSubstr("no complete model replica")) << where;
+        ++refusals;
+        continue;
+      }
+      ASSERT_TRUE(plan.ok()) << where << ": " << plan.status();
+      ++plans;
+      EXPECT_EQ(plan->failed, failed) << where;
+      EXPECT_EQ(plan->leaving, leaving) << where;
+      EXPECT_EQ(plan->survivors, survivors) << where;
+      EXPECT_EQ(plan->excluded.size() + plan->survivors.size(), 8u) << where;
+      const int model = spec.tp * spec.pp * spec.cp;
+      EXPECT_EQ(plan->new_mesh.world_size, static_cast<int>(survivors.size())) << where;
+      EXPECT_EQ(plan->new_mesh.dp, static_cast<int>(survivors.size()) / model) << where;
+      EXPECT_EQ(plan->new_mesh.tp, spec.tp);
+      EXPECT_EQ(plan->new_mesh.pp, spec.pp);
+      EXPECT_EQ(plan->new_mesh.cp, spec.cp);
+      EXPECT_EQ(plan->new_mesh.ep, spec.ep);
+      // Every survivor keeps its model-parallel coordinates, and the new
+      // mesh's model-parallel groups are old groups, renumbered.
+      absl::StatusOr<Mesh> next = Mesh::Create(plan->new_mesh);
+      ASSERT_TRUE(next.ok()) << where << ": " << next.status();
+      for (int i = 0; i < static_cast<int>(survivors.size()); ++i) {
+        std::map<std::string, int> a = *mesh->Coords(survivors[i]);
+        std::map<std::string, int> b = *next->Coords(i);
+        for (const char* axis : {"tp", "cp", "pp"}) EXPECT_EQ(a.at(axis), b.at(axis)) << where;
+      }
+      for (const char* axes : {"tp", "pp", "cp", "tp-pp"}) {
+        RankGroups groups = *next->Groups(axes);
+        for (int g = 0; g < groups.num_groups(); ++g) {
+          std::vector<int> old;
+          for (int r : groups.group(g)) old.push_back(survivors[r]);
+          EXPECT_EQ(*mesh->GroupOf(old[0], axes), old) << where << " group " << axes;
+        }
+      }
+      if (spec.ep > 1) {
+        RankGroups groups = *next->ExpertGroups("ep");
+        for (int g = 0; g < groups.num_groups(); ++g) {
+          std::vector<int> old;
+          for (int r : groups.group(g)) old.push_back(survivors[r]);
+          EXPECT_EQ(*mesh->ExpertGroupOf(old[0], "ep"), old) << where << " group ep";
+        }
+      }
+    }
+  }
+  EXPECT_GT(plans, 1000);
+  EXPECT_GT(refusals, 100);
+}
+
+TEST(PlanRegroupTest, NoFailureRebuildsTheSameMesh) {
+  Mesh mesh = *Mesh::Create(Spec(2, 2));
+  absl::StatusOr<RegroupPlan> plan = PlanRegroup(mesh, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->survivors.size(), 8u);
+  EXPECT_EQ(plan->new_mesh.dp, 2);
+}
+
+TEST(PlanRegroupTest, BadRanksAreNamed) {
+  Mesh mesh = *Mesh::Create(Spec(2, 1));
+  EXPECT_THAT(PlanRegroup(mesh, {8}).status().message(), HasSubstr("failed rank 8 is not a rank"));
+  EXPECT_THAT(PlanRegroup(mesh, {3, 3}).status().message(), HasSubstr("listed twice"));
+}
+
+TEST(PlanRegroupTest, TheRefusalNamesEachReplicaAndItsLoss) {
+  Mesh mesh = *Mesh::Create(Spec(4, 1));  // dp2 x tp4
+  absl::StatusOr<RegroupPlan> plan = PlanRegroup(mesh, {1, 6});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("replica [0, 1, 2, 3] lost [1]"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("replica [4, 5, 6, 7] lost [6]"));
+}
+
+TEST(MembershipTest, RootRanksAndDescriptions) {
+  Membership m;
+  m.epoch = 2;
+  m.members = {0, 1, 4, 5, 6, 7};
+  m.mesh = (*Mesh::Create([] {
+             MeshSpec s;
+             s.world_size = 6;
+             s.tp = 2;
+             return s;
+           }()))
+               .spec();
+  EXPECT_EQ(m.RootRankOf(4), 2);
+  EXPECT_EQ(m.RootRankOf(3), -1);
+  EXPECT_EQ(m.ToString(), "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2");
+  EXPECT_EQ(DescribeMesh(InitialMembership(m.mesh).mesh), "dp3 x tp2");
+}
+
+TEST(ElasticOptionsTest, BadValuesAreNamed) {
+  EXPECT_TRUE(ElasticOptions().Validate().ok());
+  ElasticOptions o;
+  o.settle_timeout = absl::ZeroDuration();
+  EXPECT_THAT(o.Validate().message(), HasSubstr("settle_timeout"));
+  o = ElasticOptions();
+  o.heartbeat_timeout = absl::Milliseconds(250);
+  EXPECT_THAT(o.Validate().message(), HasSubstr("heartbeat_timeout 250ms is less than 3"));
+  o = ElasticOptions();
+  o.job = "a/b";
+  EXPECT_THAT(o.Validate().message(), HasSubstr("job is 'a/b'"));
+  o = ElasticOptions();
+  o.max_attempts = 0;
+  EXPECT_THAT(o.Validate().message(), HasSubstr("max_attempts is 0"));
+}
+
+TEST(ElasticOptionsTest, TheUlfmAgreementIsRefusedAsUnimplemented) {
+  ElasticOptions o;
+  o.agreement = AgreementKind::kUlfm;
+  absl::Status s = o.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(s.message(), HasSubstr("agreement is ulfm"));
+  o.agreement = AgreementKind::kStore;
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+}  // namespace
+}  // namespace strata::elastic

@@ -1,0 +1,214 @@
+"""Runs examples/elastic/train.py under a launcher and kills one of its ranks
+from outside (SIGKILL, or SIGSTOP), as an operator or a failing machine
+would: the fault tests (test_elastic_faults.py) and the recovery
+measurements use it.
+
+    python tests/python/elastic_driver.py --launcher mpirun --np 8 --steps 40 \\
+        --kill random --signal KILL --out /tmp/run1 -- --step-sleep 0.05
+
+The driver waits until every rank has written its pid (--pid-dir) and the
+job has completed ``--after`` steps, then sends the signal to one rank
+(``--rank``, or a random one; the process it kills is the training process
+itself, which under torchrun is the child of strata.elastic.supervise), and
+waits for the job to end. It prints one JSON object: the launcher's exit
+status, the rank killed, when (wall clock), the example's JSON lines, and
+the paths of the per-rank reports.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLE = os.path.join(ROOT, "examples", "elastic", "train.py")
+
+
+def mpirun_path():
+    return os.environ.get("STRATA_MPIRUN") or os.path.join(sysconfig.get_paths()["data"], "bin",
+                                                          "mpirun")
+
+
+def command(launcher, np, example_args, python=sys.executable):
+    """The launch line of the docs, with what this machine needs (root,
+    more ranks than cores)."""
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+        return ([mpirun_path(), "--with-ft", "ulfm"] + root + ["--oversubscribe", "-np", str(np),
+                                                               python, EXAMPLE] + example_args)
+    if launcher == "torchrun":
+        return ([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                 str(np), EXAMPLE] + example_args)
+    if launcher == "none":
+        return [python, EXAMPLE] + example_args
+    raise ValueError(f"unknown launcher {launcher!r}")
+
+
+class Job:
+    """A running job: its output lines (parsed JSON on stdout; stderr kept)."""
+
+    def __init__(self, launcher, np, example_args, out, env=None, timeout=240):
+        self.out = out
+        self.pid_dir = os.path.join(out, "pids")
+        self.report = os.path.join(out, "report")
+        for d in (self.pid_dir, self.report):
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+        args = list(example_args) + ["--pid-dir", self.pid_dir, "--report", self.report]
+        self.cmd = command(launcher, np, args)
+        self.np = np
+        self.lines = []
+        self.stderr = []
+        self.timeout = timeout
+        self.started = time.time()
+        self._cv = threading.Condition()
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=full_env, start_new_session=True)
+        self._threads = [threading.Thread(target=self._read, args=(self.proc.stdout, True)),
+                         threading.Thread(target=self._read, args=(self.proc.stderr, False))]
+        for t in self._threads:
+            t.daemon = True
+            t.start()
+
+    def _read(self, stream, is_stdout):
+        for line in stream:
+            with self._cv:
+                if is_stdout:
+                    line = line.strip()
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:
+                        obj = {"text": line}
+                    obj.setdefault("_t", time.time())
+                    self.lines.append(obj)
+                else:
+                    self.stderr.append(line.rstrip("\n"))
+                self._cv.notify_all()
+
+    def steps(self):
+        with self._cv:
+            return [ln for ln in self.lines if ln.get("event") == "step"]
+
+    def recoveries(self):
+        with self._cv:
+            return [ln for ln in self.lines if ln.get("event") == "recovery"]
+
+    def wait_for(self, predicate, what, timeout):
+        deadline = time.time() + timeout
+        with self._cv:
+            while not predicate():
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"the job ended (status {self.proc.returncode}) while "
+                                       f"waiting for {what}:\n" + self.tail())
+                left = deadline - time.time()
+                if left <= 0:
+                    raise TimeoutError(f"waited {timeout}s for {what}:\n" + self.tail())
+                self._cv.wait(min(left, 0.2))
+
+    def pids(self):
+        out = {}
+        for name in os.listdir(self.pid_dir):
+            if name.endswith(".pid"):
+                with open(os.path.join(self.pid_dir, name)) as f:
+                    out[int(name[:-4])] = int(f.read())
+        return out
+
+    def wait_pids(self, timeout):
+        self.wait_for(lambda: len(self.pids()) == self.np, f"{self.np} pid files", timeout)
+        return self.pids()
+
+    def finish(self):
+        """Waits for the launcher; kills the job's process group past the
+        timeout (then raises)."""
+        left = max(1.0, self.timeout - (time.time() - self.started))
+        try:
+            rc = self.proc.wait(left)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            raise TimeoutError(f"the job did not end within {self.timeout}s:\n" + self.tail())
+        for t in self._threads:
+            t.join(5)
+        return rc
+
+    def tail(self, n=40):
+        with self._cv:
+            out = [json.dumps(ln) for ln in self.lines[-n:]]
+            return "\n".join(["--- stdout"] + out + ["--- stderr"] + self.stderr[-n:])
+
+    def reports(self):
+        out = {}
+        for name in os.listdir(self.report):
+            if name.startswith("rank") and name.endswith(".json"):
+                with open(os.path.join(self.report, name)) as f:
+                    r = json.load(f)
+                out[r["rank"]] = r
+        return out
+
+
+def kill_rank(job, rank, sig, after_steps, when, rng, timeout):
+    """Waits for the job to reach ``after_steps`` steps, then sends ``sig``
+    to ``rank``'s training process: right after a step line ("between", with
+    the example's --step-sleep keeping every rank out of collectives for a
+    while) or after a random delay ("random"). Returns the wall-clock time
+    of the kill."""
+    pids = job.wait_pids(timeout)
+    job.wait_for(lambda: len(job.steps()) >= after_steps, f"{after_steps} steps", timeout)
+    if when == "random":
+        time.sleep(rng.uniform(0.0, 1.0))
+    else:
+        n = len(job.steps())
+        job.wait_for(lambda: len(job.steps()) > n, "the next step", timeout)
+        time.sleep(0.02)
+    t = time.time()
+    os.kill(pids[rank], sig)
+    return t
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--launcher", choices=["mpirun", "torchrun"], required=True)
+    p.add_argument("--np", type=int, default=8)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--after", type=int, default=5, help="steps before the kill")
+    p.add_argument("--rank", type=int, default=None, help="the rank to kill (default: random)")
+    p.add_argument("--signal", default="KILL", choices=["KILL", "STOP"])
+    p.add_argument("--kill", default="random", choices=["random", "between", "none"])
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--out", default=None)
+    p.add_argument("example_args", nargs="*")
+    a = p.parse_args()
+    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    out = a.out or tempfile.mkdtemp(prefix="strata-elastic-")
+    job = Job(a.launcher, a.np, ["--steps", str(a.steps)] + a.example_args, out,
+              timeout=a.timeout)
+    rank = a.rank if a.rank is not None else rng.randrange(a.np)
+    killed_at = None
+    sig = signal.SIGKILL if a.signal == "KILL" else signal.SIGSTOP
+    if a.kill != "none":
+        killed_at = kill_rank(job, rank, sig, a.after, a.kill, rng, a.timeout)
+    rc = job.finish()
+    if sig == signal.SIGSTOP and a.kill != "none":
+        try:  # fenced by the survivors already, normally
+            os.kill(job.pids()[rank], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    print(json.dumps({"rc": rc, "seed": seed, "rank": rank if a.kill != "none" else None,
+                      "killed_at": killed_at, "lines": job.lines, "report": job.report,
+                      "stderr_tail": job.stderr[-20:]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""strata.elastic in one process: the sampler hands every sample of an
+epoch out exactly once across changes of dp; Options reject bad values by
+name; State puts back what a failed step touched; run() on a world of one
+goes through a whole recovery (a planned regroup: alarm, abort, agreement,
+shrink, rebuild, restore) and redoes the step; supervise() turns a killed
+child into exit status 0 and passes an exit status through; the regroup
+plan from Python."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import strata
+import strata.elastic as elastic
+
+
+# ---- the sampler -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_sample_is_used_once_per_epoch_across_changes_of_dp(shuffle):
+    rng = random.Random(5)
+    n, batch = 1000, 48
+    s = elastic.ElasticSampler(n, batch, shuffle=shuffle, seed=11, record=True)
+    dp = 4
+    seen = []
+    step = 0
+    while s.position < 3 * n:
+        # A step may fail and be redone with a smaller dp (a recovery).
+        if dp > 1 and rng.random() < 0.1:
+            for d in range(dp):
+                s.batch(d, dp)  # handed out, never committed
+            dp -= 1
+        parts = [s.batch(d, dp) for d in range(dp)]
+        sizes = [len(p) for p in parts]
+        assert sum(sizes) == batch and max(sizes) - min(sizes) <= 1
+        for p in parts:
+            seen.extend(p)
+        s.advance(batch)
+        step += 1
+        if dp < 4 and rng.random() < 0.05:
+            dp += 1  # a replica joins (issue 25); the split follows
+    for epoch in range(3):
+        chunk = seen[epoch * n:(epoch + 1) * n]
+        assert sorted(chunk) == list(range(n)), f"epoch {epoch}"
+    if shuffle:
+        assert seen[:n] != list(range(n))
+    assert s.epoch == s.position // n
+    assert len(s.records) > step  # the abandoned hand-outs are recorded too
+
+
+def test_sampler_errors_name_the_value():
+    with pytest.raises(strata.InvalidArgument, match="num_samples must be an int >= 1, got 0"):
+        elastic.ElasticSampler(0, 4)
+    with pytest.raises(strata.InvalidArgument, match="global_batch must be an int >= 1"):
+        elastic.ElasticSampler(10, -1)
+    with pytest.raises(strata.InvalidArgument, match=r"replica 3 is not in \[0, 3\)"):
+        elastic.ElasticSampler(10, 4).batch(3, 3)
+
+
+# ---- options --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("heartbeat_interval", 0, "heartbeat_interval must be a positive number"),
+    ("settle_timeout", "2", "settle_timeout must be a positive number"),
+    ("batch", "double", "batch must be one of 'keep', 'scale'"),
+    ("leave", "stay", "leave must be one of 'exit', 'return'"),
+    ("restore", "disk", "restore must be one of"),
+    ("max_attempts", -1, "max_attempts must be an int >= 0"),
+    ("checkpoint_every", 5, "checkpoint_every is 5 but checkpoint_dir is not set"),
+])
+def test_bad_options_are_named(field, value, message):
+    o = elastic.Options()
+    setattr(o, field, value)
+    with pytest.raises(strata.InvalidArgument, match=message):
+        o._validate()
+
+
+def test_the_core_checks_what_python_does_not():
+    world = strata.init()
+    try:
+        o = elastic.Options(heartbeat_interval=1.0, heartbeat_timeout=2.0)
+        with pytest.raises(strata.ElasticError, match="less than 3 heartbeat intervals"):
+            elastic.Controller(world, elastic.State(), o)
+    finally:
+        world.destroy()
+
+
+# ---- state --------------------------------------------------------------------------
+
+
+def test_state_restores_what_a_failed_step_touched():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    sampler = elastic.ElasticSampler(100, 10)
+    state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+                          seen=[1, 2])
+    state.commit()
+    bn = model[1].running_mean.clone()
+    lr = sched.get_last_lr()
+    draw = torch.rand(3)
+    torch.manual_seed(0)
+    state.commit()
+    # A step that fails half-way: forward (BatchNorm statistics), backward,
+    # user values, the RNG, a scheduler step it should not have taken.
+    model(torch.randn(8, 4)).sum().backward()
+    state.seen.append(3)
+    sampler.advance(10)
+    sched.step()
+    assert not torch.equal(model[1].running_mean, bn)
+    state.restore()
+    assert torch.equal(model[1].running_mean, bn)
+    assert all(p.grad is None for p in model.parameters())
+    assert state.seen == [1, 2]
+    assert sampler.position == 0
+    assert sched.get_last_lr() == lr
+    torch.manual_seed(0)
+    again = torch.rand(3)
+    state.restore()
+    assert torch.equal(torch.rand(3), again)
+    assert "seen" in repr(state)
+    with pytest.raises(AttributeError, match="has no value 'missing'"):
+        state.missing
+
+
+# ---- run() on a world of one ------------------------------------------------------------
+
+
+def test_run_recovers_in_process_and_redoes_the_step(capsys):
+    world = strata.init()
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sampler = elastic.ElasticSampler(64, 8, seed=1)
+        state = elastic.State(model=model, optimizer=opt, sampler=sampler, log=[])
+        x = torch.randn(64, 3)
+        ref = torch.nn.Linear(3, 1)
+        ref.load_state_dict(model.state_dict())
+        changed = []
+
+        def train_step(ctx):
+            if ctx.step == 2 and ctx.epoch == 1:
+                ctx.request_change([], "test: regroup onto the same members")
+            opt.zero_grad()
+            loss = model(x[ctx.samples]).pow(2).sum() * (ctx.loss_scale / len(ctx.samples))
+            loss.backward()
+            state.log.append(ctx.step)
+            opt.step()  # step 2 of epoch 1 is abandoned here
+            return loss
+
+        result = elastic.run(train_step, state, world, elastic.Options(heartbeat_interval=0.05),
+                             steps=5, on_world_changed=lambda e, w: changed.append(e))
+        assert result.steps == 5 and result.epoch == 2 and not result.left
+        assert state.log == [0, 1, 2, 3, 4]  # the abandoned step's entry was rolled back
+        assert len(changed) == 1 and changed[0]["failed"] == [] and changed[0]["epoch"] == 2
+        assert changed[0]["cause"]["source"] == "request"
+        assert world.generation == 2
+        # The same updates as a plain loop over the same batches.
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        s = elastic.ElasticSampler(64, 8, seed=1)
+        for _ in range(5):
+            ref_opt.zero_grad()
+            idx = s.batch(0, 1)
+            ref(x[idx]).pow(2).sum().div(8).backward()
+            ref_opt.step()
+            s.advance(8)
+        for a, b in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b)
+        out = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+        steps = [o for o in out if o["event"] == "step"]
+        recoveries = [o for o in out if o["event"] == "recovery"]
+        assert [o["step"] for o in steps] == [1, 2, 3, 4, 5]
+        assert set(steps[0]) >= {"step", "loss", "world", "dp", "time"}
+        assert len(recoveries) == 1
+        assert set(recoveries[0]) >= {"failed", "detect_s", "agree_s", "rebuild_s", "restore_s",
+                                      "world", "dp", "first_step_s"}
+    finally:
+        world.destroy()
+
+
+def test_run_checks_its_arguments():
+    world = strata.init()
+    try:
+        with pytest.raises(strata.InvalidArgument, match="steps must be an int >= 0"):
+            elastic.run(lambda c: None, elastic.State(), world, steps=-1)
+        with pytest.raises(strata.InvalidArgument, match="state must be a strata.elastic.State"):
+            elastic.run(lambda c: None, {}, world, steps=1)
+    finally:
+        world.destroy()
+
+
+def test_plan_regroup_from_python():
+    mesh = strata.Mesh(8, tp=2)
+    plan = strata._strata._elastic_plan_regroup(mesh, [5])
+    assert plan["leaving"] == [4] and plan["mesh"]["dp"] == 3
+    with pytest.raises(strata.ElasticError, match="no complete model replica"):
+        strata._strata._elastic_plan_regroup(strata.Mesh(4, tp=2), [0, 3])
+
+
+# ---- supervise() ----------------------------------------------------------------------------
+
+
+def _supervised(body, env_extra):
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        import strata.elastic as elastic
+        elastic.supervise()
+        print("child", os.getpid(), os.environ.get("STRATA_ELASTIC_SUPERVISED"), flush=True)
+        {body}
+    """)
+    env = dict(os.environ, TORCHELASTIC_RUN_ID="test", RANK="3", **env_extra)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_supervise_turns_a_killed_rank_into_exit_0():
+    p = _supervised("os.kill(os.getpid(), signal.SIGKILL)", {})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("child ")
+    assert "rank 3's training process" in p.stderr and "killed by SIGKILL" in p.stderr
+
+
+def test_supervise_passes_an_exit_status_through():
+    p = _supervised("sys.exit(7)", {})
+    assert p.returncode == 7, p.stderr
+
+
+def test_supervise_does_nothing_outside_torchrun():
+    script = ("import os, strata.elastic as e; e.supervise(); "
+              "print(os.environ.get('STRATA_ELASTIC_SUPERVISED'))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+    p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "None", p.stderr
+
+
+def test_plain_mpirun_gets_a_warning_naming_the_flag():
+    w = elastic._launcher_warning("mpirun", {})
+    assert "without --with-ft ulfm" in w and "mpirun --with-ft ulfm" in w
+    assert elastic._launcher_warning("mpirun", {"OMPI_MCA_mpi_ft_enable": "1"}) is None
+    assert elastic._launcher_warning("torchrun", {}) is None
