@@ -73,6 +73,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -94,13 +95,18 @@ import torchrun_peer  # noqa: E402
 TORCHFT_VERSION = "0.2.0"
 DEFAULT_VENV = os.path.join(os.path.expanduser("~"), ".cache", "strata-bench", "torchft-venv")
 STRATA_EXAMPLE = os.path.join(ROOT, "examples", "elastic", "train.py")
+# Gradient buckets of 25 MiB, as the peers' (DDP's bucket_cap_mb=25; torchft's
+# Manager.allreduce buckets).
 STRATA_FLAGS = ("--tp 1 --dp 8 --hidden {hidden} --layers {layers} --batch {batch} "
-                "--samples {samples} --lr {lr} --steps {steps} --pid-dir {pid_dir}")
+                "--samples {samples} --lr {strata_lr} --bucket-kib 25600 --steps {steps} --pid-dir {pid_dir}")
 STRATA_CMDS = {
     "mpirun": "{mpirun} --allow-run-as-root --oversubscribe --bind-to none --with-ft ulfm -np 8 "
               "-x PYTHONPATH -x OMP_NUM_THREADS=1 {python} {example} " + STRATA_FLAGS,
     "torchrun": "torchrun --standalone --nproc-per-node 8 {example} " + STRATA_FLAGS,
 }
+OVERHEAD_CMD = ("{mpirun} --allow-run-as-root --oversubscribe --bind-to none --with-ft ulfm -np 8 "
+                "-x PYTHONPATH -x OMP_NUM_THREADS=1 {python} {worker} --hidden {hidden} --layers {layers} "
+                "--batch {batch} --samples {samples} --lr {strata_lr} --blocks {blocks} --block-steps {block_steps}")
 KEYS = ["kill_to_collective", "kill_to_step", "kill_to_step_steps", "steps_redone", "lost_s",
         "step_time"]
 
@@ -136,7 +142,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build", help="strata's build dir (for PYTHONPATH)")
     ap.add_argument("--kills", type=int, default=10, help="kills per configuration")
-    ap.add_argument("--sides", default="torchrun,torchft,strata")
+    ap.add_argument("--sides", default="torchrun,torchft,strata,overhead",
+                    help="overhead: strata's step with the elastic loop on vs off, no failure")
+    ap.add_argument("--overhead-blocks", type=int, default=4, help="blocks of each mode (overhead)")
+    ap.add_argument("--overhead-block-steps", type=int, default=8)
     ap.add_argument("--torchft-configs", default="fast,example,defaults")
     ap.add_argument("--torchft-defaults-kills", type=int, default=1,
                     help="kills with torchft's defaults (each takes over a minute: its 60 s timeouts)")
@@ -157,6 +166,9 @@ def main():
     ap.add_argument("--workdir", default=None, help="keep the runs' logs here (default: a temp dir, removed)")
     ap.add_argument("--lock", default="/tmp/strata-mpirun.lock")
     args = ap.parse_args()
+    # `timeout` (or a user's Ctrl-C) stops the run through the finally
+    # blocks, which stop the jobs this driver started in sessions of their own.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     sides = [s for s in args.sides.split(",") if s]
     rng = random.Random(args.seed)
@@ -168,6 +180,7 @@ def main():
     load_before = os.getloadavg()
     runs = {}
     notes = []
+    overhead = None
     try:
         with harness.MultirankLock(args.lock):
             if "torchrun" in sides:
@@ -197,6 +210,17 @@ def main():
                         os.makedirs(d, exist_ok=True)
                         runs["torchft-ddp"] = torchft_peer.run(args, venv, torchft_peer.CONFIGS["fast"],
                                                                d, 1, phases, victims, log, ddp=True)
+            strata_values = dict({k: v for k, v in job.job_spec().items()}, python=sys.executable,
+                                 example=STRATA_EXAMPLE,
+                                 mpirun=os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun"))
+            if {"strata", "overhead"} & set(sides):
+                os.environ["OMP_NUM_THREADS"] = "1"
+                os.environ["PYTHONPATH"] = os.pathsep.join(
+                    [os.path.join(os.path.abspath(args.build), "python")]
+                    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+            if "overhead" in sides:
+                log("== strata, no failure: elastic loop on vs off")
+                overhead = run_overhead(args, strata_values, work)
             if "strata" in sides:
                 template = args.strata_cmd or (STRATA_CMDS[args.strata_launcher]
                                                if os.path.exists(STRATA_EXAMPLE) else None)
@@ -207,24 +231,93 @@ def main():
                     log("== strata")
                     d = os.path.join(work, "strata")
                     os.makedirs(d, exist_ok=True)
-                    values = dict({k: v for k, v in job.job_spec().items()}, python=sys.executable,
-                                  example=STRATA_EXAMPLE,
-                                  mpirun=os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun"))
-                    os.environ["OMP_NUM_THREADS"] = "1"
-                    os.environ["PYTHONPATH"] = os.pathsep.join(
-                        [os.path.join(os.path.abspath(args.build), "python")]
-                        + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-                    runs["strata"] = strata_side.run(args, template, values, d, args.kills, phases,
+                    runs["strata"] = strata_side.run(args, template, strata_values, d, args.kills, phases,
                                                      victims, log)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
     rows, more_notes, details = build_rows(runs)
+    if overhead is not None:
+        rows += overhead_rows(overhead)
+        details["overhead"] = overhead
+        more_notes.append(overhead_note(overhead))
     notes = describe(args, runs, load_before, load_after) + more_notes + notes
     path = bench_util.write_results("recovery", command, rows, "\n".join(notes))
     bench_util.print_rows(rows, path, case_width=48, metric_width=52)
     attach_details(path, details)
+
+
+def run_overhead(args, values, work):
+    """strata's step with the elastic loop on vs off in one job
+    (recovery/overhead_worker.py): {"off": [...], "on": [...], ...}."""
+    import json
+    import shlex
+    worker = os.path.join(HERE, "recovery", "overhead_worker.py")
+    cmd = shlex.split(OVERHEAD_CMD.format(worker=worker, blocks=args.overhead_blocks,
+                                          block_steps=args.overhead_block_steps, **values))
+    log(f"  $ {' '.join(cmd)}")
+    t0 = time.time()
+    load = os.getloadavg()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline * 2,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    except subprocess.TimeoutExpired as e:
+        return {"error": f"overhead job did not finish in {e.timeout:.0f} s", "command": " ".join(cmd)}
+    with open(os.path.join(work, "overhead.out"), "w") as f:
+        f.write(out.stdout + "\n--- stderr\n" + out.stderr)
+    res = {"command": " ".join(cmd), "off": [], "on": [], "blocks": [], "wall_s": time.time() - t0,
+           "loadavg_before": load[0], "loadavg_after": os.getloadavg()[0]}
+    for line in out.stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("event") == "block":
+            res[rec["mode"]] += rec["intervals"]
+            res["blocks"].append(rec)
+    if out.returncode != 0 or not res["off"] or not res["on"]:
+        res["error"] = f"overhead job exited {out.returncode}: {out.stderr.strip()[-400:]}"
+        log(f"  {res['error']}")
+        return res
+    import statistics
+    res["off_median"] = statistics.median(res["off"])
+    res["on_median"] = statistics.median(res["on"])
+    res["ratio"] = res["on_median"] / res["off_median"]
+    # Block by block (each "on" block against the "off" block just before it).
+    pairs = [(a, b) for a, b in zip(res["blocks"][::2], res["blocks"][1::2])
+             if a["mode"] == "off" and b["mode"] == "on" and a["intervals"] and b["intervals"]]
+    res["pair_ratios"] = [statistics.median(b["intervals"]) / statistics.median(a["intervals"])
+                          for a, b in pairs]
+    log(f"  step time off {res['off_median']:.3f} s, on {res['on_median']:.3f} s: on/off "
+        f"{res['ratio']:.3f} (block pairs {[round(r, 3) for r in res['pair_ratios']]})")
+    return res
+
+
+def overhead_rows(res):
+    case = (f"{job.WORLD} CPU ranks, dp{job.WORLD}, MLP {job.parameter_count_formula() / 1e6:.1f}M, "
+            "no failure")
+    if res.get("error"):
+        return [dict(case=case, metric="step time, elastic loop on / off", unit="x", strata=None,
+                     peer="same step, plain loop", peer_value=None, target="<= 1.02")]
+    return [
+        dict(case=case, metric="step time, elastic loop on (median)", unit="s",
+             strata=res["on_median"], peer="same step, plain loop (median)",
+             peer_value=res["off_median"], target=None),
+        dict(case=case, metric="step time, elastic loop on / off", unit="x",
+             strata=res["ratio"], peer=None, peer_value=None, target="<= 1.02",
+             target_on="strata"),
+    ]
+
+
+def overhead_note(res):
+    if res.get("error"):
+        return f"- overhead: {res['error']}"
+    return (f"- overhead (no failure): one mpirun --with-ft ulfm job alternating blocks of "
+            f"{len(res['blocks'][0]['intervals']) + 2} steps with the elastic loop off and on "
+            f"(recovery/overhead_worker.py); {len(res['off'])} / {len(res['on'])} step intervals; "
+            f"on/off per block pair {', '.join(f'{r:.3f}' for r in res['pair_ratios'])}; load "
+            f"average {res['loadavg_before']:.1f} before, {res['loadavg_after']:.1f} after")
 
 
 # Peer labels (the `peer` column) and targets (strata / peer).
@@ -247,6 +340,8 @@ def build_rows(runs):
         rows.append(dict(case=case, metric=metric, unit=unit, strata=strata, peer=peer,
                          peer_value=peer_value, target=target, **kw))
 
+    row(CASE, "kill -> first collective among survivors", "s", s.get("kill_to_collective"),
+        None, None, "<= 1.0", target_on="strata")
     row(CASE, "kill -> first committed step", "s", s.get("kill_to_step"), None, None,
         "<= 1.0", target_on="strata")
     row(CASE, "kill -> first committed step, in steps", "steps", s.get("kill_to_step_steps"),

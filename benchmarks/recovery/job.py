@@ -44,8 +44,18 @@ def job_spec():
     """The job as a dict (recorded in the results, and the placeholders of
     strata's command template)."""
     return {"world": WORLD, "hidden": HIDDEN, "layers": LAYERS, "batch": GLOBAL_BATCH,
-            "samples": SAMPLES, "lr": LR, "momentum": MOMENTUM, "warmup": WARMUP,
+            "samples": SAMPLES, "lr": LR, "strata_lr": strata_lr(), "momentum": MOMENTUM,
+            "warmup": WARMUP,
             "parameters": parameter_count_formula()}
+
+
+def strata_lr():
+    """The --lr of strata's example that trains the same updates: its loss is
+    the sum of squared errors over a replica's samples and HIDDEN outputs
+    divided by the global batch, summed over the replicas, i.e. HIDDEN times
+    the peers' mean over every element; SGD with momentum (no weight decay)
+    is linear in the gradient, so LR / HIDDEN gives the same steps."""
+    return LR / HIDDEN
 
 
 def parameter_count_formula():

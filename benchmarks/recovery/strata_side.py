@@ -14,9 +14,21 @@ The command gets the job through placeholders ({python}, {mpirun}, {example},
   - exit 0 when the survivors finish.
 
 Kill i comes when rank 0 printed step ``kill_step`` (plus the kill's phase of
-a step). First collective among the survivors = when the recovery line came
-minus its restore_s (the survivors' new communicator, made by Shrink, is their
-first collective); first committed step = the first step line after the kill.
+a step). The recovery line carries wall-clock times (time.time() on rank 0,
+the same clock as the driver's kill time): ``known_by_all_at`` (every
+survivor knew of the failure), ``rebuilt_at`` (the end of the new world's
+first barrier: its first collective, which every member has entered) and
+``cause.failed_at + first_step_s`` (rank 0's commit of the first step after
+the recovery, which every rank agreed through the store). So
+
+  kill -> first collective  = rebuilt_at - t_kill
+  kill -> first step        = failed_at + first_step_s - t_kill
+  phases (adding up to it)  = detection (kill -> known_by_all_at), agreement
+                              (agree_s), rebuild (rebuild_s, with the
+                              Shrink and the first barrier), restore
+                              (restore_s) and the redone step (the rest).
+
+A line without those times falls back on when the driver read it.
 """
 
 import os
@@ -31,8 +43,9 @@ import analysis  # noqa: E402
 import harness  # noqa: E402
 import job  # noqa: E402
 
-PHASES = [("detect_s", "detection"), ("agree_s", "agreement"), ("rebuild_s", "rebuild"),
-          ("restore_s", "restore")]
+PHASES = [("detect_s", "detection (kill -> every survivor knew)"), ("agree_s", "agreement"),
+          ("rebuild_s", "rebuild (shrink, new world, first barrier)"), ("restore_s", "restore"),
+          ("redo_s", "the redone step")]
 
 
 def command(template, values):
@@ -83,11 +96,22 @@ def run(opts, template, values, workdir, kills, phases, victims, log):
             t_prev = max(r["time"] for r in before if r["step"] == res["last_committed"])
             t_step = _timed(seen_step, first)["time"]
             t_coll = seen_rec - float(recov.get("restore_s") or 0.0)
+            cause = recov.get("cause") or {}
+            if isinstance(recov.get("rebuilt_at"), (int, float)):
+                t_coll = float(recov["rebuilt_at"])
+            if isinstance(cause.get("failed_at"), (int, float)) and recov.get("first_step_s") is not None:
+                t_step = float(cause["failed_at"]) + float(recov["first_step_s"])
+            split = {k: float(recov[k]) for k, _ in PHASES if recov.get(k) is not None}
+            if isinstance(recov.get("known_by_all_at"), (int, float)):
+                split["detect_s"] = float(recov["known_by_all_at"]) - t_kill
+            split["redo_s"] = (t_step - t_kill) - sum(split[k] for k, _ in PHASES[:4] if k in split)
             redo = [(_timed(s, r)["time"]) for s, r in out.records if r.get("event") == "step"
                     and r.get("step") == res["last_committed"] + 1 and s > t_kill]
+            if first.get("step") == res["last_committed"] + 1:
+                redo = [t_step]
             res.update({
-                "ok": True, "recovery": recov,
-                "phases": {k: float(recov[k]) for k, _ in PHASES if recov.get(k) is not None},
+                "ok": True, "recovery": recov, "phases": split,
+                "detected_by": cause.get("source"),
                 "kill_to_collective": t_coll - t_kill, "kill_to_step": t_step - t_kill,
                 "kill_to_step_steps": (t_step - t_kill) / step_time,
                 "steps_redone": res["last_committed"] + 1 - first["step"],
@@ -95,7 +119,9 @@ def run(opts, template, values, workdir, kills, phases, victims, log):
                 "world_after": first.get("world"), "dp_after": first.get("dp"),
             })
             log(f"    kill {i + 1}: first collective {res['kill_to_collective']:.2f} s, first step "
-                f"{res['kill_to_step']:.2f} s, phases {res['phases']}")
+                f"{res['kill_to_step']:.2f} s ({res['kill_to_step_steps']:.2f} steps), found by "
+                f"{res['detected_by']}, phases "
+                f"{ {k: round(v, 3) for k, v in res['phases'].items()} }")
             proc.wait(timeout=opts.deadline)
             if proc.returncode != 0:
                 res["exit_code"] = proc.returncode
