@@ -16,9 +16,12 @@ buckets) in alternating blocks of steps:
 
 A step's time is the interval between the starts of consecutive steps of a
 block (so it holds everything the loop adds between two steps); the first
-interval of a block is left out (the run's set-up lands before it). Rank 0
-prints one JSON line per block: {"event": "block", "mode", "block",
-"intervals"}. Blocks alternate off, on, off, on, ... so that drift in the
+interval of a block is left out (the run's set-up lands before it). Since
+the step itself varies by more than the loop's cost on a shared machine,
+the parts the loop adds are timed too: optimizer.step() (with the loop on,
+the commit vote runs in its pre-hook) and the gap from its end to the start
+of the next step. Rank 0 prints one JSON line per block: {"event": "block",
+"mode", "block", "intervals", "opt_step", "gaps"}. Blocks alternate off, on, off, on, ... so that drift in the
 machine's load hits both modes alike.
 """
 
@@ -69,7 +72,7 @@ def main():
     sampler = elastic.ElasticSampler(args.samples, args.batch, seed=3)
     state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
     dp = world.group("dp")
-    starts = []
+    starts, marks = [], []
 
     def body(samples, global_batch):
         starts.append(time.perf_counter())
@@ -80,7 +83,9 @@ def main():
         loss.backward()
         global_loss = loss.detach().clone()
         dp.all_reduce(global_loss)
-        opt.step()
+        t1 = time.perf_counter()
+        opt.step()  # on: the commit vote runs first, in the pre-step hook
+        marks.append((t1, time.perf_counter()))
         return global_loss
 
     def off_block(n):
@@ -98,15 +103,24 @@ def main():
     for i in range(args.blocks):
         for mode in ("off", "on"):
             starts.clear()
+            marks.clear()
             if mode == "off":
                 off_block(args.block_steps)
             else:
                 on_block(args.block_steps, i)
             dp.barrier()
             intervals = [b - a for a, b in zip(starts[1:], starts[2:])]
+            # What the loop adds, apart from the step's own noise:
+            # optimizer.step() (the commit vote) and the gap from the end of
+            # one optimizer.step() to the start of the next step (run's
+            # finish_step / State commit / begin_step against the plain loop's
+            # scheduler and sampler updates).
+            opt_step = [b - a for a, b in marks[1:]]
+            gaps = [nxt - b for (_, b), nxt in zip(marks[1:], starts[2:])]
             if world.rank == 0:
                 print(json.dumps({"event": "block", "mode": mode, "block": i,
-                                  "intervals": intervals}), flush=True)
+                                  "intervals": intervals, "opt_step": opt_step, "gaps": gaps}),
+                      flush=True)
     world.destroy()
 
 

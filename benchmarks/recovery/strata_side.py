@@ -2,8 +2,8 @@
 any command given with --strata-cmd) launched once per kill.
 
 The command gets the job through placeholders ({python}, {mpirun}, {example},
-{steps}, {pid_dir}, plus the job's numbers {vocab} {d_model} {layers} {heads}
-{seq} {batch} {lr} {seed}) and must
+{steps}, {pid_dir}, plus the job's numbers {hidden} {layers} {batch} {samples}
+{lr} {strata_lr} {momentum} {warmup}) and must
 
   - train job.py's job on 8 ranks, data parallel over all 8;
   - write its pid to {pid_dir}/<world rank>.pid on every rank;

@@ -61,6 +61,16 @@ class TorchftLogEvents(logging.Handler):
                               time=record.created)
 
 
+def _torchft_version():
+    """The installed distribution's version (the torchft module has no
+    __version__)."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("torchft")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replica", type=int, required=True)
@@ -89,7 +99,7 @@ def main():
     from torchft import Manager, ProcessGroupGloo
     events.emit("start", proc_start=PROC_START, main=MAIN, imported=imported,
                 torchft_imported=time.time(), torch=torch.__version__,
-                torchft=getattr(torchft, "__version__", "?"))
+                torchft=_torchft_version())
     handler = TorchftLogEvents(events)
     torchft_logger = logging.getLogger("torchft")
     torchft_logger.setLevel(logging.INFO)

@@ -53,7 +53,17 @@ def main():
                 torch=torch.__version__)
 
     job.set_threads()
-    dist.init_process_group("gloo")
+    # The agent's store, under a prefix of this attempt. With torch 2.15 the
+    # plain env:// init reuses the agent's store without one ("a new
+    # TCPStore for every retry", torch/distributed/rendezvous.py), but the
+    # store keeps its keys across restarts: the restarted workers read the
+    # dead round's Gloo addresses and fail with "connectFullMesh failed ...
+    # Connection refused" until --max-restarts is spent (seen here).
+    import datetime
+    store = dist.PrefixStore(f"bench/attempt_{attempt}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+        timeout=datetime.timedelta(seconds=300)))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     events.emit("pg_ready", attempt=attempt)
     model = job.build_model()
     optimizer = job.build_optimizer(model)
