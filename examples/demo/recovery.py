@@ -20,6 +20,7 @@ job's (0 when the survivors finish), or 1 when the demo saw no recovery.
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -56,9 +57,14 @@ def read_pid(pid_dir, rank, deadline):
 
 
 def sparkline(values):
-    lo, hi = min(values), max(values)
+    """One character per value; a value that is not finite shows as "!"."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "!" * len(values)
+    lo, hi = min(finite), max(finite)
     span = (hi - lo) or 1.0
-    return "".join(BARS[1 + int((v - lo) / span * (len(BARS) - 2))] for v in values)
+    return "".join(BARS[1 + int((v - lo) / span * (len(BARS) - 2))] if math.isfinite(v) else "!"
+                   for v in values)
 
 
 def main(argv=None):
@@ -69,6 +75,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--kill-step", type=int, default=12, help="kill once this step is committed")
     ap.add_argument("--victim", type=int, default=5, help="the world rank to kill")
+    ap.add_argument("--lr", type=float, default=0.002, help="the example's --lr")
     ap.add_argument("--timeout", type=float, default=240, help="seconds for the whole act")
     args = ap.parse_args(argv)
     if not 0 < args.victim < args.np:
@@ -76,7 +83,11 @@ def main(argv=None):
                          "what the demo shows)")
 
     pid_dir = tempfile.mkdtemp(prefix="strata-demo-pids-")
-    example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1"]
+    # --lr: the example's loss sums the squared errors over its 64 outputs
+    # (not their mean), so its default 0.05 is 64x too large for this
+    # width and diverges within 10 steps, failure or not.
+    example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1",
+                    "--lr", str(args.lr)]
     cmd = command(args.launcher, args.np, args.mpirun, example_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     print("\n== 7. In-process recovery: a rank is killed from outside while the model trains\n"
