@@ -20,7 +20,7 @@ export PYTHONPATH := $(CURDIR)/$(BUILD)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 all: build
 
 help:
-	@echo "make demo      install what is missing, build what the demo needs, train on $(NP) CPU ranks (LAUNCHER=mpirun or torchrun)"
+	@echo "make demo      install what is missing, build what the demo needs, train on $(NP) CPU ranks, then kill a rank of an elastic job (LAUNCHER=mpirun or torchrun)"
 	@echo "make test      install what is missing, build, run every test"
 	@echo "make bench     run every benchmark; results in benchmarks/results/, benchmarks/RESULTS.md"
 	@echo "make gpu-check every GPU test and benchmark in one run (a dry run without a GPU): docs/development.md"

@@ -40,4 +40,14 @@ rc=$?
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
   echo "demo: did not finish within ${limit}s and was stopped" >&2
 fi
+[ $rc -eq 0 ] || exit $rc
+# The last act: a watcher (examples/demo/recovery.py) runs strata's elastic
+# example under the launcher's fault-tolerant line (mpirun --with-ft ulfm;
+# torchrun with the example's strata.elastic.supervise()) and SIGKILLs one
+# rank from outside partway through. STRATA_DEMO_RECOVERY=0 leaves it out.
+if [ "${STRATA_DEMO_RECOVERY:-1}" != 0 ]; then
+  timeout --kill-after=15 300 python3 "$here/examples/demo/recovery.py" \
+    --launcher "$launcher" --np "$np" --mpirun "$(command -v "$mpirun" || echo "$mpirun")"
+  rc=$?
+fi
 exit $rc

@@ -510,7 +510,16 @@ class Reducer:
         old_group = self.group
         self.group = group
         self.layout = new
-        self._alloc(old)
+        if self.zero is None and new.sizes == old.sizes and new.offset == old.offset:
+            # The same buffers fit the new group (no ZeRO-1 padding to
+            # change): reuse them, already drained and zeroed, instead of
+            # allocating and copying the whole gradient again (in an elastic
+            # recovery that was most of the restore phase).
+            for e in self.entries:
+                e.param.grad = self.views[e.index]
+            self.reduced = self.fresh = False
+        else:
+            self._alloc(old)
         self._reset_pass()
         self.failed = None
         optimizer_moves(self, old, old_group, keep_state)
