@@ -75,6 +75,18 @@ const Row kRows[] = {
       "again, does not fork once more. Set by hand, supervise() does nothing",
       "docs/elastic.md"},
      &Settings::elastic_supervised},
+    {{"STRATA_METRICS_PORT", SettingType::kText, "",
+      "Serve this rank's Prometheus metrics over HTTP on this port of the loopback address "
+      "(0: a port the OS picks; a job of several ranks on one host gets port+local rank). "
+      "Unset: not served",
+      "docs/observability.md"},
+     &Settings::metrics_port},
+    {{"STRATA_METRICS_FILE", SettingType::kPath, "",
+      "Write this rank's Prometheus metrics atomically to this .prom file (for "
+      "node_exporter's textfile collector); {rank} in the name is replaced by the rank. "
+      "Unset: no file",
+      "docs/observability.md"},
+     &Settings::metrics_file},
 };
 
 // What a kind of value takes, for messages.

@@ -100,6 +100,12 @@ struct STRATA_EXPORT Settings {
   // STRATA_ELASTIC_SUPERVISED: set by strata.elastic.supervise() in the
   // training process it forks (the supervisor's pid); "" elsewhere.
   std::string elastic_supervised;
+  // STRATA_METRICS_PORT: serve Prometheus metrics on this port ("0": one
+  // the OS picks); "" not at all (strata/observe/metrics.h checks it).
+  std::string metrics_port;
+  // STRATA_METRICS_FILE: write the metrics as a .prom file here ({rank}
+  // replaced); "" nowhere.
+  std::string metrics_file;
 
   // The text of each registered variable that was set, by name.
   std::map<std::string, std::string> from_environment;
