@@ -311,7 +311,8 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<double> timeout,
                                    std::optional<double> group_timeout,
                                    std::optional<std::map<std::string, std::string>> env,
-                                   std::optional<PyStore> store) {
+                                   std::optional<PyStore> store,
+                                   std::shared_ptr<observe::OpSink> sink) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
@@ -319,6 +320,9 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
   if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
   if (group_timeout) options.group_creation_timeout = absl::Seconds(*group_timeout);
   if (store) options.root.store = store->store;
+  // Where every communicator of the world records its operations (the
+  // metrics' sink; children inherit it).
+  options.root.comm.sink = std::move(sink);
   absl::StatusOr<std::unique_ptr<World>> world;
   {
     py::gil_scoped_release release;
@@ -529,7 +533,7 @@ Registration reg(kOrderWorld, [](py::module_& m) {
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
-        py::arg("store") = py::none());
+        py::arg("store") = py::none(), py::arg("sink") = py::none());
   m.def("_all_group_names", &World::AllGroupNames,
         "Every group name World.group accepts (canonical), 'world' first.");
   m.def(

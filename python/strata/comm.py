@@ -444,6 +444,7 @@ class World:
     def __init__(self, raw):
         self._raw = raw
         self._groups = {}
+        self.metrics = None  # the strata.metrics.Metrics of strata.init
         _live_worlds.add(self)
 
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")
@@ -514,6 +515,8 @@ class World:
         Idempotent; strata.init may be called again afterwards."""
         if self._raw.alive:
             self._raw.destroy()
+            if getattr(self, "metrics", None) is not None and self.metrics.file:
+                self.metrics.write()  # the final figures
         self._groups.clear()
         _live_worlds.discard(self)
 
@@ -532,7 +535,7 @@ class World:
 
 
 def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None,
-         group_timeout=None):
+         group_timeout=None, metrics=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
@@ -546,6 +549,11 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     ranks wait for each other when a group is created on first request
     (default: ``timeout``). ``env``
     replaces os.environ for launcher detection.
+
+    ``metrics``: the :class:`strata.metrics.Metrics` every communicator of
+    the world records its operations into (``world.metrics``); by default
+    a new one, served and written as STRATA_METRICS_PORT and
+    STRATA_METRICS_FILE say; False for none.
 
     Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
     (a :mod:`strata.store` store, or a ``torch.distributed.Store``); by
@@ -575,6 +583,18 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
             and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
             and not settings(env)["STRATA_STORE"].value):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
-    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store))
+    from . import metrics as _metrics
+    if metrics is None:
+        metrics = _metrics.Metrics(rank=launch.rank, env=env)
+    elif metrics is False:
+        metrics = None
+    elif not isinstance(metrics, _metrics.Metrics):
+        raise InvalidArgument(f"metrics must be a strata.metrics.Metrics, None or False, got "
+                              f"{_describe(metrics)}")
+    sink = metrics._raw.sink() if metrics is not None else None
+    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store, sink))
     world._store = (store, keep)
+    world.metrics = metrics
+    if metrics is not None:
+        metrics._world = weakref.ref(world)
     return world
