@@ -36,11 +36,11 @@
 // (prometheus-cpp's Exposer) at /metrics.
 //
 // Cluster view: ClusterSample() is a fixed-size vector of this rank's
-// figures; whoever gathers the samples of every rank (strata/parallel/
-// cluster_metrics.h does it with one all-gather) hands them to
-// SetClusterView(), which publishes min / median / p95 / max per figure and
-// the rank holding the max as strata_cluster_* gauges. Its cost depends on
-// the number of ranks, not of steps.
+// figures; whoever gathers the samples of every rank (Python's
+// strata.metrics does it with one all-gather over the world) hands them to
+// SetClusterView() on rank 0, which publishes min / median / p95 / max per
+// figure and the rank holding the max as strata_cluster_* gauges. Its cost
+// depends on the number of ranks, not of steps.
 //
 //   strata::observe::MetricsOptions o;
 //   o.rank = env.rank; o.file = "/var/lib/node_exporter/strata-{rank}.prom";
