@@ -142,3 +142,30 @@ def test_prometheus_client_mount():
         pass
     out = generate_latest(registry).decode()
     assert value(out, "strata_step_duration_seconds_count", job="mount", rank="0") == 2
+
+
+def test_strata_loops_mark_their_steps():
+    # A pipeline schedule's step() marks one step on its World's metrics;
+    # a user's marker around it adds its tokens instead of a second step.
+    from strata import pipeline
+
+    world = strata.init(timeout=60)
+    try:
+        m = world.metrics
+        assert isinstance(m, sm.Metrics) and sm.current() is m
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        schedule = pipeline.ScheduleGPipe(pipeline.PipelineStage(model, 0, world), 2,
+                                          lambda out, t: ((out - t) ** 2).mean())
+        x, t = torch.randn(4, 4), torch.randn(4, 4)
+        schedule.step(x, t)
+        assert m.totals()["steps"] == 1
+        with strata.metrics.step(tokens=4):
+            schedule.step(x, t)
+        totals = m.totals()
+        assert totals["steps"] == 2
+        assert totals["tokens_per_second"] == pytest.approx(4 / totals["last_step_seconds"])
+    finally:
+        world.destroy()
+    bare = strata.init(timeout=60, metrics=False)
+    assert bare.metrics is None
+    bare.destroy()
