@@ -15,6 +15,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -291,6 +293,35 @@ TEST(Metrics, ServesOverHttpOnAPortTheOsPicks) {
   absl::Status busy = Metrics::Create(again).status();
   EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(busy.message(), HasSubstr(absl::StrCat(":", m->port())));
+}
+
+TEST(Metrics, RecordsFromManyThreadsAtOnce) {
+  // Sinks are called from issuing, waiting and progress threads at once,
+  // while a scrape serializes.
+  auto m = Make();
+  const int threads = 4, ops = 500;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < ops; ++i) {
+        m->sink()->OnCompleted(Completed(OpKind::kAllReduce, t % 2 ? "dp" : "tp", 2, 10, 10,
+                                         DataType::kFloat32, 1000));
+        m->RecordStep({absl::Microseconds(10), 1});
+      }
+    });
+  }
+  std::thread scraper([&] {
+    for (int i = 0; i < 50; ++i) (void)m->Serialize();
+  });
+  for (auto& th : pool) th.join();
+  scraper.join();
+  auto s = Samples(m->Serialize());
+  for (const char* g : {"dp", "tp"}) {
+    EXPECT_EQ(s.at(absl::StrCat("strata_collective_bytes_total{job=\"strata\",rank=\"0\",group=\"",
+                                g, "\",op=\"all_reduce\"}")),
+              threads / 2 * ops * 40.0);
+  }
+  EXPECT_EQ(m->totals().steps, threads * ops);
 }
 
 }  // namespace
