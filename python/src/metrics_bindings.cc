@@ -36,8 +36,8 @@ std::unique_ptr<Metrics> CreateMetrics(const std::string& job, int rank, int loc
   o.collective_buckets = std::move(collective_buckets);
   // Explicit arguments win; the variables fill what they leave unset (an
   // explicit file="" or port=None is "unset").
-  Settings settings = Unwrap(env ? Settings::FromMap(*env) : Settings::FromEnvironment(),
-                             ErrorArea::kGeneric);
+  Settings settings =
+      Unwrap(env ? Settings::FromMap(*env) : Settings::FromEnvironment(), ErrorArea::kGeneric);
   ThrowIfError(observe::ApplyMetricsSettings(settings, local_rank, &o), ErrorArea::kGeneric);
   absl::StatusOr<std::unique_ptr<Metrics>> m;
   {
@@ -63,6 +63,7 @@ Registration reg(kOrderBase, [](py::module_& m) {
       .def_property_readonly("bind_address",
                              [](const Metrics& x) { return x.options().bind_address; })
       .def("sink", &Metrics::sink)
+      .def("stop_serving", &Metrics::StopServing, py::call_guard<py::gil_scoped_release>())
       .def(
           "record_step",
           [](Metrics& x, double seconds, int64_t tokens, double data_wait) {
@@ -74,10 +75,8 @@ Registration reg(kOrderBase, [](py::module_& m) {
       .def("record_checkpoint_write", &Metrics::RecordCheckpointWrite)
       .def("record_recovery", &Metrics::RecordRecovery)
       .def("record_eviction", [](Metrics& x, const std::string& r) { x.RecordEviction(r); })
-      .def("set_mfu",
-           [](Metrics& x, double f, double p) {
-             ThrowIfError(x.SetMfu(f, p), ErrorArea::kGeneric);
-           })
+      .def("set_mfu", [](Metrics& x, double f,
+                         double p) { ThrowIfError(x.SetMfu(f, p), ErrorArea::kGeneric); })
       .def("counter_add",
            [](Metrics& x, const std::string& name, const std::string& help, double v) {
              ThrowIfError(x.CounterAdd(name, help, v), ErrorArea::kGeneric);

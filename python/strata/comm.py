@@ -445,6 +445,7 @@ class World:
         self._raw = raw
         self._groups = {}
         self.metrics = None  # the strata.metrics.Metrics of strata.init
+        self._own_metrics = False  # made by strata.init (closed with the world)
         _live_worlds.add(self)
 
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")
@@ -515,8 +516,10 @@ class World:
         Idempotent; strata.init may be called again afterwards."""
         if self._raw.alive:
             self._raw.destroy()
-            if getattr(self, "metrics", None) is not None and self.metrics.file:
-                self.metrics.write()  # the final figures
+            if self._own_metrics:
+                self.metrics.close()  # the final figures; the port is free again
+            elif self.metrics is not None and self.metrics.file:
+                self.metrics.write()
         self._groups.clear()
         _live_worlds.discard(self)
 
@@ -584,7 +587,8 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
             and not settings(env)["STRATA_STORE"].value):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
     from . import metrics as _metrics
-    if metrics is None:
+    own = metrics is None
+    if own:
         metrics = _metrics.Metrics(rank=launch.rank, env=env)
     elif metrics is False:
         metrics = None
@@ -595,6 +599,7 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store, sink))
     world._store = (store, keep)
     world.metrics = metrics
+    world._own_metrics = own
     if metrics is not None:
         metrics._world = weakref.ref(world)
     return world

@@ -342,10 +342,13 @@ class Metrics:
             self._raw.set_cluster_view(every.view(group.size, len(sample)).tolist())
 
     def close(self):
-        """Writes the file a last time. The HTTP server stops when the
-        Metrics is garbage-collected."""
+        """Writes the file a last time and stops serving over HTTP (the
+        port is free when it returns). Figures can still be read with
+        :meth:`text`. The World of :func:`strata.init` closes the Metrics
+        it made when it is destroyed."""
         if not self._closed:
             self._closed = True
+            self._raw.stop_serving()
             if self.file:
                 self.write()
 

@@ -97,9 +97,10 @@ class Metrics::Impl {
  public:
   std::shared_ptr<metrics_internal::Core> core;
   std::shared_ptr<OpSink> sink;
+  absl::Mutex mu;  // guards exposer and port (StopServing)
   // Declared last: destroyed first, so no scrape runs while the rest goes.
-  std::unique_ptr<prometheus::Exposer> exposer;
-  int port = -1;
+  std::unique_ptr<prometheus::Exposer> exposer ABSL_GUARDED_BY(mu);
+  int port ABSL_GUARDED_BY(mu) = -1;
 };
 
 }  // namespace strata::observe

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   impl->sink = metrics_internal::MakeSink(impl->core);
   if (options.port >= 0) {
     const std::string address = absl::StrCat(options.bind_address, ":", options.port);
+    absl::MutexLock lock(&impl->mu);
     try {
       // One server thread: a scrape is a few kilobytes.
       impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
@@ -55,7 +56,20 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
 
 Metrics::~Metrics() = default;
 
-int Metrics::port() const { return impl_->port; }
+int Metrics::port() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->port;
+}
+
+void Metrics::StopServing() {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    exposer = std::move(impl_->exposer);
+    impl_->port = -1;
+  }
+  exposer.reset();  // joins civetweb's threads, outside the lock
+}
 
 std::string Metrics::Serialize() const {
   return prometheus::TextSerializer().Serialize(impl_->core->registry->Collect());

@@ -169,3 +169,24 @@ def test_strata_loops_mark_their_steps():
     bare = strata.init(timeout=60, metrics=False)
     assert bare.metrics is None
     bare.destroy()
+
+
+def test_init_serves_on_the_settings_port_and_frees_it(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, STRATA_METRICS_PORT=str(port),
+               STRATA_METRICS_FILE=str(tmp_path / "m-{rank}.prom"))
+    for _ in range(2):  # the second init gets the port the first world freed
+        world = strata.init(timeout=60, env=env)
+        assert world.metrics.url == f"http://127.0.0.1:{port}/metrics"
+        world.group().all_reduce(torch.ones(3))
+        body = urllib.request.urlopen(world.metrics.url, timeout=10).read().decode()
+        assert value(body, "strata_collective_bytes_total", job="strata", rank="0",
+                     group="world", op="all_reduce") == 12
+        world.destroy()
+        assert world.metrics.port == -1
+        text = open(tmp_path / "m-0.prom").read()  # written when the world went
+        assert "strata_collective_bytes_total" in text

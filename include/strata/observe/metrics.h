@@ -130,6 +130,9 @@ class STRATA_EXPORT Metrics {
   const MetricsOptions& options() const;
   // The HTTP port served on; -1 when not serving.
   int port() const;
+  // Stops serving over HTTP (joining the server's threads; the port is
+  // free when it returns). Recording and the file go on. Idempotent.
+  void StopServing();
   // The file WriteFile() writes ({rank} replaced); "" when none.
   const std::string& file() const;
 

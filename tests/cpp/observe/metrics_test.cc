@@ -283,6 +283,13 @@ TEST(Metrics, BadOptionsAndSettingsAreRefused) {
 }
 
 TEST(Metrics, ServesOverHttpOnAPortTheOsPicks) {
+#if defined(__SANITIZE_ADDRESS__)
+  // Debian's civetweb (under prometheus-cpp's exposer) binds the port and
+  // then refuses to start its context under ASan ("null context when
+  // constructing CivetServer"), before any thread of ours runs; the
+  // regular build and the Python tests cover serving.
+  GTEST_SKIP() << "civetweb does not start under AddressSanitizer";
+#endif
   MetricsOptions o;
   o.port = 0;
   auto m = Make(o);
@@ -293,6 +300,10 @@ TEST(Metrics, ServesOverHttpOnAPortTheOsPicks) {
   absl::Status busy = Metrics::Create(again).status();
   EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(busy.message(), HasSubstr(absl::StrCat(":", m->port())));
+  // Once stopped, the port is free for another registry.
+  m->StopServing();
+  EXPECT_EQ(m->port(), -1);
+  EXPECT_TRUE(Metrics::Create(again).ok());
 }
 
 TEST(Metrics, RecordsFromManyThreadsAtOnce) {
