@@ -85,7 +85,7 @@ void Core::OnCompleted(const OpRecord& r) {
   const double bytes = MessageBytes(r);
   const std::string& group = r.comm ? r.comm->name : std::string();
   const int size = r.comm ? r.comm->size : 1;
-  absl::MutexLock lock(&mu);
+  std::lock_guard<std::mutex> lock(mu);
   auto [it, inserted] = collectives.try_emplace({group, static_cast<int>(r.kind)});
   CollectiveSeries& s = it->second;
   if (inserted) {
@@ -192,7 +192,7 @@ void RegisterBuiltins(Core& c) {
             {"mpi", yes(info.mpi)},
             {"gloo", yes(info.gloo)}})
       .Set(1);
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   for (const char* n :
        {"strata_step_duration_seconds", "strata_tokens_per_second", "strata_mfu_ratio",
         "strata_data_wait_seconds", "strata_collective_duration_seconds",
@@ -278,7 +278,7 @@ void Metrics::RecordStep(const StepSample& step) {
   c.step->Observe(seconds);
   if (step.data_wait > absl::ZeroDuration())
     c.data_wait->Observe(absl::ToDoubleSeconds(step.data_wait));
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   c.totals.steps += 1;
   c.totals.step_seconds += seconds;
   c.totals.last_step_seconds = seconds;
@@ -300,7 +300,7 @@ void Metrics::RecordStep(const StepSample& step) {
 void Metrics::RecordCheckpointBlocked(absl::Duration blocked) {
   Core& c = *impl_->core;
   c.checkpoint_blocked->Observe(absl::ToDoubleSeconds(blocked));
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   c.window.checkpoint_blocked_seconds += absl::ToDoubleSeconds(blocked);
 }
 
@@ -315,7 +315,7 @@ void Metrics::RecordEviction(absl::string_view reason) {
 absl::Status Metrics::SetMfu(double flops_per_token, double peak_flops) {
   if (absl::Status s = metrics_internal::CheckMfu(flops_per_token, peak_flops); !s.ok()) return s;
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   c.flops_per_token = flops_per_token;
   c.peak_flops = peak_flops;
   return absl::OkStatus();
@@ -327,8 +327,7 @@ namespace {
 template <typename T>
 absl::StatusOr<prometheus::Family<T>*> CustomFamily(Core& c, absl::string_view name_view,
                                                     absl::string_view help, CustomKind kind,
-                                                    prometheus::detail::Builder<T> builder)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(c.mu) {
+                                                    prometheus::detail::Builder<T> builder) {
   std::string name(name_view);
   if (!prometheus::CheckMetricName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -362,7 +361,7 @@ absl::Status Metrics::CounterAdd(absl::string_view name, absl::string_view help,
         absl::StrCat("counter '", name, "' can only go up; got an increment of ", value));
   }
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   auto f = CustomFamily(c, name, help, CustomKind::kCounter, prometheus::BuildCounter());
   if (!f.ok()) return f.status();
   (*f)->Add({}).Increment(value);
@@ -371,7 +370,7 @@ absl::Status Metrics::CounterAdd(absl::string_view name, absl::string_view help,
 
 absl::Status Metrics::GaugeSet(absl::string_view name, absl::string_view help, double value) {
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   auto f = CustomFamily(c, name, help, CustomKind::kGauge, prometheus::BuildGauge());
   if (!f.ok()) return f.status();
   (*f)->Add({}).Set(value);
@@ -389,7 +388,7 @@ absl::Status Metrics::HistogramObserve(absl::string_view name, absl::string_view
     return absl::InvalidArgumentError(absl::StrCat("histogram '", name, "' needs buckets"));
   }
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   auto f = CustomFamily(c, name, help, CustomKind::kHistogram, prometheus::BuildHistogram());
   if (!f.ok()) return f.status();
   // Add returns the existing histogram for the same labels: its buckets win.
@@ -399,7 +398,7 @@ absl::Status Metrics::HistogramObserve(absl::string_view name, absl::string_view
 
 Metrics::Totals Metrics::totals() const {
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   return c.totals;
 }
 

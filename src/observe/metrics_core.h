@@ -5,11 +5,11 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
@@ -51,17 +51,17 @@ struct Core {
   prometheus::Family<prometheus::Counter>* comm_errors = nullptr;
   std::vector<double> collective_buckets;
 
-  absl::Mutex mu;
-  double flops_per_token ABSL_GUARDED_BY(mu) = 0;
-  double peak_flops ABSL_GUARDED_BY(mu) = 0;
-  std::map<std::pair<std::string, int>, CollectiveSeries> collectives ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  double flops_per_token = 0;
+  double peak_flops = 0;
+  std::map<std::pair<std::string, int>, CollectiveSeries> collectives;
   // Every family name registered, builtin or custom, with its kind (builtins
   // are never custom, so any clash is refused).
-  std::map<std::string, CustomKind> custom_kinds ABSL_GUARDED_BY(mu);
-  std::map<std::string, void*> custom_families ABSL_GUARDED_BY(mu);
-  std::map<std::string, bool> builtin_names ABSL_GUARDED_BY(mu);
+  std::map<std::string, CustomKind> custom_kinds;
+  std::map<std::string, void*> custom_families;
+  std::map<std::string, bool> builtin_names;
   // Totals, and the figures since the last ClusterSample().
-  Metrics::Totals totals ABSL_GUARDED_BY(mu);
+  Metrics::Totals totals;
   struct Window {
     int64_t steps = 0;
     double step_seconds = 0;
@@ -70,11 +70,11 @@ struct Core {
     double collective_seconds = 0;
     double checkpoint_blocked_seconds = 0;
   };
-  Window window ABSL_GUARDED_BY(mu);
-  std::vector<double> last_sample ABSL_GUARDED_BY(mu);
+  Window window;
+  std::vector<double> last_sample;
   // The cluster view's gauges, made on the first SetClusterView.
-  std::vector<prometheus::Family<prometheus::Gauge>*> cluster_stats ABSL_GUARDED_BY(mu);
-  std::vector<prometheus::Gauge*> cluster_max_rank ABSL_GUARDED_BY(mu);
+  std::vector<prometheus::Family<prometheus::Gauge>*> cluster_stats;
+  std::vector<prometheus::Gauge*> cluster_max_rank;
 
   // Called by the sink.
   void OnCompleted(const OpRecord& record);
@@ -97,10 +97,10 @@ class Metrics::Impl {
  public:
   std::shared_ptr<metrics_internal::Core> core;
   std::shared_ptr<OpSink> sink;
-  absl::Mutex mu;  // guards exposer and port (StopServing)
+  std::mutex mu;  // guards exposer and port (StopServing)
   // Declared last: destroyed first, so no scrape runs while the rest goes.
-  std::unique_ptr<prometheus::Exposer> exposer ABSL_GUARDED_BY(mu);
-  int port ABSL_GUARDED_BY(mu) = -1;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int port = -1;
 };
 
 }  // namespace strata::observe

@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   c.file = absl::StrReplaceAll(options.file, {{"{rank}", absl::StrCat(options.rank)}});
   c.base = {{"job", options.job}, {"rank", absl::StrCat(options.rank)}};
   {
-    absl::MutexLock lock(&c.mu);
+    std::lock_guard<std::mutex> lock(c.mu);
     c.flops_per_token = options.flops_per_token;
     c.peak_flops = options.peak_flops;
   }
@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
   impl->sink = metrics_internal::MakeSink(impl->core);
   if (options.port >= 0) {
     const std::string address = absl::StrCat(options.bind_address, ":", options.port);
-    absl::MutexLock lock(&impl->mu);
+    std::lock_guard<std::mutex> lock(impl->mu);
     try {
       // One server thread: a scrape is a few kilobytes.
       impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
@@ -57,14 +57,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
 Metrics::~Metrics() = default;
 
 int Metrics::port() const {
-  absl::MutexLock lock(&impl_->mu);
+  std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->port;
 }
 
 void Metrics::StopServing() {
   std::unique_ptr<prometheus::Exposer> exposer;
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     exposer = std::move(impl_->exposer);
     impl_->port = -1;
   }
@@ -172,7 +172,7 @@ const std::vector<std::string>& ClusterFigureNames() {
 
 std::vector<double> Metrics::ClusterSample() {
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   const Core::Window& w = c.window;
   if (w.steps == 0 && !c.last_sample.empty()) {
     // Nothing new: the previous figures still describe this rank.
@@ -207,7 +207,7 @@ absl::Status Metrics::SetClusterView(const std::vector<std::vector<double>>& sam
     }
   }
   Core& c = *impl_->core;
-  absl::MutexLock lock(&c.mu);
+  std::lock_guard<std::mutex> lock(c.mu);
   if (c.cluster_stats.empty()) {
     for (const std::string& name : names) {
       c.cluster_stats.push_back(
