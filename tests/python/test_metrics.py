@@ -190,3 +190,26 @@ def test_init_serves_on_the_settings_port_and_frees_it(tmp_path):
         assert world.metrics.port == -1
         text = open(tmp_path / "m-0.prom").read()  # written when the world went
         assert "strata_collective_bytes_total" in text
+
+
+def test_checkpoint_saves_are_measured(tmp_path):
+    from strata import checkpoint
+
+    world = strata.init(timeout=60)
+    try:
+        m = world.metrics
+        model = torch.nn.Linear(64, 64)
+        with checkpoint.AsyncCheckpointer(tmp_path, world=world) as ckpt:
+            t0 = time.perf_counter()
+            ckpt.save({"model": model.state_dict()}, step=1)
+            blocked_at_most = time.perf_counter() - t0
+            ckpt.wait()
+            written = ckpt.status()["bytes_written"]
+        text = m.text()
+        assert written > 64 * 64 * 4
+        assert value(text, "strata_checkpoint_write_bytes_total", job="strata", rank="0") == written
+        assert value(text, "strata_checkpoint_blocked_seconds_count", job="strata", rank="0") == 1
+        assert 0 < value(text, "strata_checkpoint_blocked_seconds_sum", job="strata",
+                         rank="0") <= blocked_at_most
+    finally:
+        world.destroy()
