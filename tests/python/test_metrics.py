@@ -213,3 +213,46 @@ def test_checkpoint_saves_are_measured(tmp_path):
                          rank="0") <= blocked_at_most
     finally:
         world.destroy()
+
+
+def test_elastic_run_marks_steps_and_counts_recoveries():
+    # A world of one going through a planned regroup (as test_elastic does):
+    # the abandoned step is not a step; the recovery is counted; the
+    # rebuilt world's communicators still record into the same registry.
+    from strata import elastic
+
+    world = strata.init()
+    try:
+        m = world.metrics
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = elastic.State(model=model, optimizer=opt,
+                              sampler=elastic.ElasticSampler(64, 8, seed=1))
+        x = torch.randn(64, 3)
+        calls = []
+
+        def train_step(ctx):
+            calls.append(ctx.step)
+            if ctx.step == 2 and ctx.epoch == 1:
+                ctx.request_change([], "test: regroup onto the same members")
+            opt.zero_grad()
+            model(x[ctx.samples]).pow(2).sum().backward()
+            world.group().all_reduce(torch.ones(5))
+            opt.step()  # step 2 of epoch 1 is abandoned here
+            return torch.zeros(())
+
+        result = elastic.run(train_step, state, world, elastic.Options(heartbeat_interval=0.05),
+                             steps=5)
+        assert result.steps == 5 and world.generation == 2
+        assert len(calls) == 6  # five steps and the abandoned one
+        text = m.text()
+        assert value(text, "strata_step_duration_seconds_count", job="strata", rank="0") == 5
+        assert value(text, "strata_recoveries_total", job="strata", rank="0") == 1
+        # The all-reduces of the five committed steps were recorded, across
+        # the rebuild (the abandoned step's one may have been cut short by
+        # the regroup's abort).
+        done = value(text, "strata_collective_bytes_total", job="strata", rank="0",
+                     group="world", op="all_reduce")
+        assert done in (5 * 20, 6 * 20), text
+    finally:
+        world.destroy()
