@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """One rank of run_metrics_overhead.py: step time with metrics on against
-off, in the same run. Two worlds live side by side, one whose communicators
-record into a strata.metrics.Metrics (and whose steps are marked with
-strata.metrics.step) and one with metrics=False; rounds of steps alternate
-between them (the order flips every round) so that a slow spell of a shared
-machine falls on both. Rank 0 prints one JSON line per case:
+off, in the same run. Rounds alternate (the order flips every round, so a
+slow spell of a shared machine falls on both sides): each round builds a
+World, either one whose communicators record into a strata.metrics.Metrics
+(the same one every "on" round; steps marked with its step()) or one with
+metrics=False, runs warm-up and measured steps, and destroys it. (Two
+worlds alive at once would not do: the MPI backend's progress threads of
+one slow the other's operations.) Rank 0 prints one JSON line per case:
 {"case", "on": [step seconds], "off": [...]}.
 
 Cases: the demo's model (strata.nn.ParallelGPT, 2 layers x 128 hidden, 4
@@ -66,27 +68,27 @@ def main():
     env = strata.launch_env()
     mesh = strata.Mesh(env.world_size, tp=2 if env.world_size % 2 == 0 else 1)
     metrics = sm.Metrics(job="bench")
-    on = strata.init(mesh, timeout=300, metrics=metrics)
-    off = strata.init(mesh, timeout=300, metrics=False)
     for name, make in (("demo model", demo_case), ("collective-heavy", collective_case)):
-        sides = {"on": make(on), "off": make(off)}
         times = {"on": [], "off": []}
-        for side in ("on", "off"):  # warm-up
-            for _ in range(2):
-                sides[side]()
         for r in range(args.rounds):
             order = ("on", "off") if r % 2 == 0 else ("off", "on")
             for side in order:
-                world = on if side == "on" else off
+                world = strata.init(mesh, timeout=300,
+                                    metrics=metrics if side == "on" else False)
+                step = make(world)
+                for _ in range(2):  # warm-up
+                    step()
                 world.group("world").barrier()
                 for _ in range(args.steps):
                     t0 = time.perf_counter()
                     if side == "on":
                         with metrics.step() as s:
-                            s.tokens = sides[side]()
+                            s.tokens = step()
                     else:
-                        sides[side]()
+                        step()
                     times[side].append(time.perf_counter() - t0)
+                del step
+                world.destroy()
         if env.rank == 0:
             print(json.dumps({"case": name, "on": times["on"], "off": times["off"],
                               "ranks": env.world_size}), flush=True)
@@ -96,8 +98,6 @@ def main():
         print(json.dumps({"check": "recorded", "steps": t["steps"],
                           "has_collectives": "strata_collective_bytes_total{" in metrics.text()}),
               flush=True)
-    off.destroy()
-    on.destroy()
 
 
 if __name__ == "__main__":

@@ -63,9 +63,11 @@ def main():
     command = ("python3 benchmarks/run_metrics_overhead.py --np {} --rounds {} --steps {}"
                .format(args.np, args.rounds, args.steps))
     notes = ("On: strata.init(metrics=Metrics()) (every operation recorded: histogram, "
-             "byte counter, busbw gauge) and each step inside strata.metrics.step(); off: "
-             "strata.init(metrics=False), no marker. Both worlds live in the same processes; "
-             "rounds alternate which side goes first.")
+             "byte counter, busbw gauge) and each step inside Metrics.step(); off: "
+             "strata.init(metrics=False), no marker. Same processes; each round builds a "
+             "World for one side and destroys it; rounds alternate which side goes first. "
+             "build/benchmarks/metrics_sink_bench gives the registry's own cost per "
+             "operation and per step.")
     path = bench_util.write_results("metrics_overhead", command, rows, notes)
     bench_util.print_rows(rows, path)
 
