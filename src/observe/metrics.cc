@@ -39,6 +39,7 @@ double MessageBytes(const OpRecord& r) {
   const double elem = static_cast<double>(DataTypeSize(r.dtype));
   switch (r.kind) {
     case OpKind::kAllGather:
+    case OpKind::kRecv:  // a receive has only an output buffer
       return elem * static_cast<double>(r.output_count);
     default:
       return elem * static_cast<double>(r.input_count);

@@ -22,7 +22,7 @@
 // (strata/observe/op_record.h) to name in CommOptions::sink (children
 // inherit it), so every backend is measured in one place. The message size
 // of an operation is nccl-tests' "size": the buffer of an all-reduce,
-// broadcast, reduce, send or recv; the gathered output of an all-gather;
+// broadcast, reduce, send or recv (its output count); the gathered output of an all-gather;
 // the input of a reduce-scatter; the send total of an all-to-all. The bus
 // bandwidth gauge is size_total / duration_total x the nccl-tests factor
 // (2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and

@@ -128,6 +128,7 @@ TEST(Metrics, CollectiveBytesAndBusBandwidthFollowNcclTests) {
       {OpKind::kAllToAll, 80, 80, DataType::kInt8, 80, (n - 1.0) / n},
       {OpKind::kBroadcast, 10, 10, DataType::kInt64, 80, 1.0},
       {OpKind::kSend, 7, 0, DataType::kFloat32, 28, 1.0},
+      {OpKind::kRecv, 0, 9, DataType::kFloat32, 36, 1.0},  // as Communicator::Recv records it
   };
   const int reps = 3;
   for (const Case& c : cases) {
