@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 """One rank of run_metrics_overhead.py: step time with metrics on against
-off, in the same run. Rounds alternate (the order flips every round, so a
-slow spell of a shared machine falls on both sides): each round builds a
-World, either one whose communicators record into a strata.metrics.Metrics
-(the same one every "on" round; steps marked with its step()) or one with
-metrics=False, runs warm-up and measured steps, and destroys it. (Two
-worlds alive at once would not do: the MPI backend's progress threads of
-one slow the other's operations.) Rank 0 prints one JSON line per case:
-{"case", "on": [step seconds], "off": [...]}.
+off, in the same run. Two worlds live side by side, one whose communicators
+record into a strata.metrics.Metrics (its steps marked with Metrics.step)
+and one with metrics=False, each with its own copy of the case; steps
+alternate between them one by one (the order of each pair flips), so that
+the pairs see the same machine and the ratio of a pair cancels a slow
+spell of a shared machine. Rank 0 prints one JSON line per case:
+{"case", "on": [step seconds], "off": [...]} (on[i], off[i] a pair).
 
 Cases: the demo's model (strata.nn.ParallelGPT, 2 layers x 128 hidden, 4
 heads, seq 64, batch 8; tp2 x dp2 on 4 ranks, gradients averaged by
@@ -61,34 +60,31 @@ def collective_case(world):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10, help="steps per round and side")
+    p.add_argument("--pairs", type=int, default=150, help="steps per side, in pairs")
     args = p.parse_args()
     torch.set_num_threads(1)
     env = strata.launch_env()
     mesh = strata.Mesh(env.world_size, tp=2 if env.world_size % 2 == 0 else 1)
     metrics = sm.Metrics(job="bench")
+    worlds = {"on": strata.init(mesh, timeout=300, metrics=metrics),
+              "off": strata.init(mesh, timeout=300, metrics=False)}
     for name, make in (("demo model", demo_case), ("collective-heavy", collective_case)):
+        steps = {side: make(w) for side, w in worlds.items()}
+        for side in ("on", "off"):  # warm-up
+            for _ in range(2):
+                steps[side]()
         times = {"on": [], "off": []}
-        for r in range(args.rounds):
-            order = ("on", "off") if r % 2 == 0 else ("off", "on")
-            for side in order:
-                world = strata.init(mesh, timeout=300,
-                                    metrics=metrics if side == "on" else False)
-                step = make(world)
-                for _ in range(2):  # warm-up
-                    step()
-                world.group("world").barrier()
-                for _ in range(args.steps):
-                    t0 = time.perf_counter()
-                    if side == "on":
-                        with metrics.step() as s:
-                            s.tokens = step()
-                    else:
-                        step()
-                    times[side].append(time.perf_counter() - t0)
-                del step
-                world.destroy()
+        worlds["on"].group("world").barrier()
+        worlds["off"].group("world").barrier()
+        for i in range(args.pairs):
+            for side in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                t0 = time.perf_counter()
+                if side == "on":
+                    with metrics.step() as s:
+                        s.tokens = steps["on"]()
+                else:
+                    steps["off"]()
+                times[side].append(time.perf_counter() - t0)
         if env.rank == 0:
             print(json.dumps({"case": name, "on": times["on"], "off": times["off"],
                               "ranks": env.world_size}), flush=True)
@@ -98,6 +94,8 @@ def main():
         print(json.dumps({"check": "recorded", "steps": t["steps"],
                           "has_collectives": "strata_collective_bytes_total{" in metrics.text()}),
               flush=True)
+    worlds["off"].destroy()
+    worlds["on"].destroy()
 
 
 if __name__ == "__main__":
