@@ -6,7 +6,6 @@ in-process recovery from failed ranks. See README.md and docs/.
 """
 
 from . import errors
-from . import metrics
 from ._strata import LaunchEnv, Mesh, available_backends, launch_env
 from ._strata import build_info as _build_info
 from ._settings import Setting, settings
