@@ -1,4 +1,4 @@
-"""pip install . -> `import strata`, and the `strata-topo` / `strata-ckpt` commands.
+"""pip install . -> `import strata`, and the `strata-topo` / `strata-ckpt` / `strata-trace` commands.
 
 setup.py drives CMake. It configures a build directory (build/pip-py<version>
 in the source tree, so that a second `pip install .` rebuilds only what
@@ -116,7 +116,8 @@ setup(
     ext_modules=[CMakeExtension("strata._strata")],
     cmdclass={"build_ext": CMakeBuild},
     entry_points={"console_scripts": ["strata-topo=strata._tools:topo",
-                                      "strata-ckpt=strata._tools:ckpt"]},
+                                      "strata-ckpt=strata._tools:ckpt",
+                                      "strata-trace=strata.trace:main"]},
     # Asked of pip's build environment by setuptools' PEP 517 backend.
     setup_requires=_build_requirements(),
     python_requires=">=3.9",

@@ -1,13 +1,16 @@
 // What recording costs (strata/observe/op_record.h): a loop of
-// small-message allreduces (start, wait) on two communicators of the same
-// ranks, one without a sink and one with a trivial sink (three relaxed
-// atomic increments per operation), in alternating rounds so that the
-// machine's noise falls on both alike.
+// small-message allreduces (start, wait) on three communicators of the same
+// ranks, one without a sink, one with a trivial sink (three relaxed atomic
+// increments per operation) and one with the flight recorder the World
+// installs by default (strata/observe/flight_recorder.h), in rotating
+// rounds so that the machine's noise falls on all alike.
 //
 //   mpirun -np 2 build/benchmarks/comm_record_overhead [--iters 2000] [--rounds 21] [--count 1]
+//       [--json FILE]
 //
 // Prints, per side, the median over rounds of the time per operation (the
-// slowest rank's mean in each round) and the difference.
+// slowest rank's mean in each round) and the differences; --json writes
+// the flight recorder's row (benchmarks/results/flight_recorder.json).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
+#include "strata/observe/flight_recorder.h"
 #include "strata/observe/op_record.h"
 
 namespace {
@@ -73,14 +77,20 @@ double Median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   int iters = 2000, rounds = 21, count = 1;
+  std::string json_path;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--json") {
+      json_path = argv[i + 1];
+      continue;
+    }
     int* target = flag == "--iters"    ? &iters
                   : flag == "--rounds" ? &rounds
                   : flag == "--count"  ? &count
                                        : nullptr;
     if (target == nullptr || !absl::SimpleAtoi(argv[i + 1], target) || *target < 1) {
-      std::fprintf(stderr, "usage: %s [--iters N] [--rounds N] [--count N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--rounds N] [--count N] [--json FILE]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -98,30 +108,50 @@ int main(int argc, char** argv) {
   recorded_options.sink = sink;
   auto plain = (*root)->Split(0, (*root)->rank(), plain_options);
   auto recorded = (*root)->Split(0, (*root)->rank(), recorded_options);
+  strata::CommOptions flight_options;
+  flight_options.name = "flight";
+  auto recorder =
+      std::make_shared<strata::observe::FlightRecorder>(strata::observe::FlightRecorderOptions{});
+  flight_options.sink = recorder;
+  auto flight = (*root)->Split(0, (*root)->rank(), flight_options);
   if (!plain.ok()) return Fail(plain.status());
   if (!recorded.ok()) return Fail(recorded.status());
+  if (!flight.ok()) return Fail(flight.status());
   std::vector<float> x(static_cast<size_t>(count), 1.0f);
-  // Warm both up, then alternate which goes first.
-  for (auto* c : {plain->get(), recorded->get()}) {
+  // Warm all up, then rotate which goes first.
+  strata::Communicator* sides[3] = {plain->get(), recorded->get(), flight->get()};
+  for (auto* c : sides) {
     absl::StatusOr<double> warm = Loop(*c, x, std::max(1, iters / 10));
     if (!warm.ok()) return Fail(warm.status());
   }
-  std::vector<double> without, with;
+  std::vector<double> times[3];
   for (int r = 0; r < rounds; ++r) {
-    for (int side = 0; side < 2; ++side) {
-      const bool record = (side == 0) == (r % 2 == 0);
-      absl::StatusOr<double> t = Loop(record ? **recorded : **plain, x, iters);
+    for (int k = 0; k < 3; ++k) {
+      const int side = (r + k) % 3;
+      absl::StatusOr<double> t = Loop(*sides[side], x, iters);
       if (!t.ok()) return Fail(t.status());
-      (record ? with : without).push_back(*t);
+      times[side].push_back(*t);
     }
   }
   if ((*root)->rank() == 0) {
-    const double a = Median(without) * 1e6, b = Median(with) * 1e6;
+    const double a = Median(times[0]) * 1e6, b = Median(times[1]) * 1e6, c = Median(times[2]) * 1e6;
     std::printf("allreduce of %d x fp32 on %d ranks (%s), %d rounds of %d operations\n", count,
                 (*root)->size(), std::string((*root)->transport()).c_str(), rounds, iters);
-    std::printf("  no sink        %8.3f us/op (median of the rounds)\n", a);
-    std::printf("  trivial sink   %8.3f us/op\n", b);
-    std::printf("  difference     %+8.3f us/op (%+.1f%%)\n", b - a, (b - a) / a * 100);
+    std::printf("  no sink          %8.3f us/op (median of the rounds)\n", a);
+    std::printf("  trivial sink     %8.3f us/op\n", b);
+    std::printf("  flight recorder  %8.3f us/op (ring of %zu)\n", c, recorder->capacity());
+    std::printf("  trivial sink     %+8.3f us/op (%+.1f%%)\n", b - a, (b - a) / a * 100);
+    std::printf("  flight recorder  %+8.3f us/op (%+.1f%%)\n", c - a, (c - a) / a * 100);
+    if (!json_path.empty()) {
+      FILE* f = std::fopen(json_path.c_str(), "w");
+      if (f == nullptr) return Fail(absl::UnavailableError("cannot write " + json_path));
+      std::fprintf(f,
+                   "{\"case\": \"allreduce %d x fp32, %d ranks, start+wait loop\", "
+                   "\"us_per_op_off\": %.4f, \"us_per_op_trivial_sink\": %.4f, "
+                   "\"us_per_op_on\": %.4f, \"ratio\": %.5f, \"rounds\": %d, \"iters\": %d}\n",
+                   count, (*root)->size(), a, b, c, c / a, rounds, iters);
+      std::fclose(f);
+    }
     std::printf("  sink calls     %lld scheduled, %lld started, %lld completed\n",
                 static_cast<long long>(sink->scheduled.load()),
                 static_cast<long long>(sink->started.load()),

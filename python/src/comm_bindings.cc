@@ -311,7 +311,9 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<double> timeout,
                                    std::optional<double> group_timeout,
                                    std::optional<std::map<std::string, std::string>> env,
-                                   std::optional<PyStore> store,
+                                   std::optional<PyStore> store, std::optional<bool> trace,
+                                   std::optional<std::string> trace_dir,
+                                   std::optional<size_t> trace_buffer,
                                    std::shared_ptr<observe::OpSink> sink) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
@@ -320,6 +322,9 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
   if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
   if (group_timeout) options.group_creation_timeout = absl::Seconds(*group_timeout);
   if (store) options.root.store = store->store;
+  options.trace.enabled = trace;
+  if (trace_dir) options.trace.dir = *trace_dir;
+  if (trace_buffer) options.trace.capacity = *trace_buffer;
   // Where every communicator of the world records its operations (the
   // metrics' sink; children inherit it).
   options.root.comm.sink = std::move(sink);
@@ -526,6 +531,22 @@ Registration reg(kOrderWorld, [](py::module_& m) {
            [](const PyWorld& w) { return w.With([](World& x) { return x.GroupNames(); }); })
       .def("rebuild", &PyWorld::Rebuild, py::arg("root"), py::arg("mesh"))
       .def("abort_all", &PyWorld::AbortAll)
+      .def_property_readonly(
+          "trace_dir",
+          [](const PyWorld& w) { return w.With([](World& x) { return x.trace_dir(); }); })
+      .def(
+          "dump_trace",
+          [](const PyWorld& w, const std::string& reason) {
+            return Unwrap(w.With([&](World& x) { return x.DumpTrace(reason); }), ErrorArea::kComm);
+          },
+          py::arg("reason"))
+      .def(
+          "request_trace_dump",
+          [](const PyWorld& w, const std::string& reason) {
+            return Unwrap(w.With([&](World& x) { return x.RequestTraceDump(reason); }),
+                          ErrorArea::kComm);
+          },
+          py::arg("reason"))
       .def("destroy", &PyWorld::Destroy)
       .def("_kept", &PyWorld::kept,
            "Operations whose tensors the world keeps (failed, or dropped before they "
@@ -533,7 +554,9 @@ Registration reg(kOrderWorld, [](py::module_& m) {
 
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
-        py::arg("store") = py::none(), py::arg("sink") = py::none());
+        py::arg("store") = py::none(), py::arg("trace") = py::none(),
+        py::arg("trace_dir") = py::none(), py::arg("trace_buffer") = py::none(),
+        py::arg("sink") = py::none());
   m.def("_all_group_names", &World::AllGroupNames,
         "Every group name World.group accepts (canonical), 'world' first.");
   m.def(

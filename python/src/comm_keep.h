@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "status_map.h"
 #include "strata/base/status.h"
@@ -81,7 +83,8 @@ class PyKeep {
 // Nothing is kept by the process beyond its owner.
 class Owner {
  public:
-  explicit Owner(std::unique_ptr<World> world) : is_world_(true), world_(std::move(world)) {}
+  explicit Owner(std::unique_ptr<World> world)
+      : is_world_(true), trace_dir_(world->trace_dir()), world_(std::move(world)) {}
   explicit Owner(std::unique_ptr<Communicator> comm) : is_world_(false), comm_(std::move(comm)) {}
   ~Owner() {
     // Without destroy(): the communicators go first, then what their
@@ -99,6 +102,24 @@ class Owner {
   bool alive() const { return alive_.load(); }
   // The world's generation; 1 for a communicator owner. Lock held.
   uint64_t generation() const { return world_ != nullptr ? world_->generation() : 1; }
+  // `s` with the world's flight-recorder folder named, when `s` is a
+  // failure that dumps it (a deadline, a backend error); payloads kept.
+  absl::Status WithTraceNote(const absl::Status& s) const {
+    const absl::StatusCode c = s.code();
+    if (trace_dir_.empty() ||
+        (c != absl::StatusCode::kDeadlineExceeded && c != absl::StatusCode::kUnavailable &&
+         c != absl::StatusCode::kInternal && c != absl::StatusCode::kUnknown &&
+         c != absl::StatusCode::kDataLoss)) {
+      return s;
+    }
+    absl::Status out(c, absl::StrCat(s.message(), "; flight recorder dumps of every rank: ",
+                                     trace_dir_, " (strata-trace ", trace_dir_,
+                                     " names the operation a rank never entered)"));
+    s.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+    return out;
+  }
+
   // Why the owner is gone, for the errors of its groups.
   absl::Status Gone(absl::string_view group) const {
     std::lock_guard<std::mutex> lock(abort_mu_);
@@ -175,6 +196,7 @@ class Owner {
   mutable std::mutex abort_mu_;
   std::atomic<bool> alive_{true};
   const bool is_world_;
+  const std::string trace_dir_;  // the world's flight-recorder folder; "" when off
   std::string gone_;
   std::unique_ptr<World> world_;
   std::unique_ptr<Communicator> comm_;
@@ -227,7 +249,7 @@ class PyWork {
       if (s.code() == absl::StatusCode::kDeadlineExceeded) {
         absl::StatusOr<bool> done = work_->Test();
         if (done.ok() && !*done) {
-          if (absl::Now() >= deadline) RaiseStatus(s, ErrorArea::kComm);
+          if (absl::Now() >= deadline) RaiseStatus(owner_->WithTraceNote(s), ErrorArea::kComm);
           if (PyErr_CheckSignals() != 0) throw py::error_already_set();
           continue;
         }
@@ -240,7 +262,7 @@ class PyWork {
         s = done.status();
       }
       Failed();
-      RaiseStatus(s, ErrorArea::kComm);
+      RaiseStatus(owner_->WithTraceNote(s), ErrorArea::kComm);
     }
   }
 
@@ -248,7 +270,7 @@ class PyWork {
     absl::StatusOr<bool> done = work_->Test();
     if (!done.ok()) {
       Failed();
-      RaiseStatus(done.status(), ErrorArea::kComm);
+      RaiseStatus(owner_->WithTraceNote(done.status()), ErrorArea::kComm);
     }
     if (*done) Done();
     return *done;

@@ -43,11 +43,13 @@ def _tcp_client(launch, timeout):
 
 def _store_for(world, options):
     """(the store the main thread agrees through, the store the monitor
-    thread uses or None for the same one)."""
+    thread uses or None for the same one, the temporary directory of a file
+    store this job made for itself or None: :func:`_release_store` removes
+    it when the job ends)."""
     from . import store as _store
     if options.store is not None:
         s = options.store
-        return (s if isinstance(s, _store.Store) else _store.from_torch(s)), None
+        return (s if isinstance(s, _store.Store) else _store.from_torch(s)), None, None
     boot = getattr(world, "_store", (None, None))[0]
     if boot is not None:
         # Two connections of our own: torch's TCPStore client holds a lock
@@ -56,24 +58,44 @@ def _store_for(world, options):
         # with Gloo's rebuild, which goes through the bootstrap connection).
         launch = _strata.launch_env(None)
         return (_tcp_client(launch, options.rebuild_timeout),
-                _tcp_client(launch, options.rebuild_timeout))
+                _tcp_client(launch, options.rebuild_timeout), None)
     url = _settings()["STRATA_STORE"].value
     if url:
         if not url.startswith("file:"):
             raise ElasticError(f"STRATA_STORE={url!r}: strata.elastic takes a file: store URL")
-        return _store.file_store(url[len("file:"):].replace("//", "/", 1) + "/elastic"), None
+        return (_store.file_store(url[len("file:"):].replace("//", "/", 1) + "/elastic"), None,
+                None)
     launch = _strata.launch_env(None)
     job = _job_id()
     if launch.world_size == 1 or (launch.num_nodes == 1 and launch.local_world_size ==
                                   launch.world_size and job):
         path = os.path.join(tempfile.gettempdir(),
                             f"strata-elastic-{job or os.getpid()}-{os.getuid()}")
-        return _store.file_store(path), None
+        return _store.file_store(path), None, path
     raise ElasticError(
         f"strata.elastic needs a store every rank reaches (rank {launch.rank} of "
         f"{launch.world_size} on {launch.num_nodes} node(s), launcher {launch.launcher}): "
         "under torchrun it uses torchrun's; across nodes under mpirun or srun set "
         "STRATA_STORE=file:/shared/dir or pass Options(store=...)")
+
+
+def _release_store(store, directory, job, membership, rank, timeout):
+    """Called by every rank when its elastic loop closed (its monitor
+    stopped): the last member of the final epoch to get here removes the
+    temporary file-store ``directory`` (None: nothing to remove). Members of
+    that epoch count themselves out; ranks that failed or left never do,
+    so a job that ends in an error keeps its directory (the keys say what
+    happened)."""
+    if directory is None or rank not in membership["members"]:
+        return
+    import shutil
+    key = f"strata/elastic/{job}/{membership['epoch']}/closed"
+    try:
+        n = store.add(key, 1, timeout)
+    except Exception:  # noqa: BLE001: the store is gone; nothing to remove then
+        return
+    if n == len(membership["members"]):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _launcher_warning(launcher, env):

@@ -511,6 +511,27 @@ class World:
         the world afterwards."""
         self._raw.abort_all()
 
+    # ---- flight recorder (docs/observability.md) ----------------------------
+    @property
+    def trace_dir(self):
+        """Where this rank writes its flight-recorder dump (None when the
+        recorder is off: ``strata.init(trace=False)`` or STRATA_TRACE=0)."""
+        return self._raw.trace_dir or None
+
+    def dump_trace(self, reason="called"):
+        """Writes this rank's flight recorder (its last operations, in
+        PyTorch's flight-recorder JSON) into :attr:`trace_dir` now and
+        returns the file's path. Not collective."""
+        return self._raw.dump_trace(str(reason))
+
+    def request_trace_dump(self, reason="asked"):
+        """Asks every rank of the job to dump its flight recorder (each sees
+        the request within a second, through a file store in
+        :attr:`trace_dir`), dumps this rank, and returns this rank's path.
+        Not collective: rank 0 may call it when it sees a step hang; then
+        ``strata-trace DIR`` names the operation a rank never entered."""
+        return self._raw.request_trace_dump(str(reason))
+
     def destroy(self):
         """Tears down every communicator (joining the backend's threads).
         Idempotent; strata.init may be called again afterwards."""
@@ -538,7 +559,7 @@ class World:
 
 
 def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None,
-         group_timeout=None, metrics=None):
+         group_timeout=None, trace=None, trace_dir=None, trace_buffer=None, metrics=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
@@ -552,6 +573,13 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     ranks wait for each other when a group is created on first request
     (default: ``timeout``). ``env``
     replaces os.environ for launcher detection.
+
+    The flight recorder (docs/observability.md) keeps this rank's last
+    ``trace_buffer`` operations (default 2000) and writes them to
+    ``trace_dir`` (default $STRATA_TRACE_DIR, else strata-trace-<job> under
+    the temp directory) when an operation fails, on SIGUSR1, or when asked
+    (:meth:`World.dump_trace`, :meth:`World.request_trace_dump`).
+    ``trace``: True or False; None follows $STRATA_TRACE (default on).
 
     ``metrics``: the :class:`strata.metrics.Metrics` every communicator of
     the world records its operations into (``world.metrics``); by default
@@ -586,6 +614,13 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
             and _strata.resolve_backend(launch, backend) in ("gloo", "nccl")
             and not settings(env)["STRATA_STORE"].value):
         keep, store = _store.connect_torchrun(launch, store_timeout, env)
+    if trace is not None and not isinstance(trace, bool):
+        raise InvalidArgument(f"trace must be True, False or None, got {_describe(trace)}")
+    if trace_buffer is not None and (isinstance(trace_buffer, bool)
+                                     or not isinstance(trace_buffer, int) or trace_buffer < 1):
+        raise InvalidArgument(f"trace_buffer must be a positive int, got {_describe(trace_buffer)}")
+    if trace_dir is not None:
+        trace_dir = os.fspath(trace_dir)
     from . import metrics as _metrics
     own = metrics is None
     if own:
@@ -596,7 +631,8 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         raise InvalidArgument(f"metrics must be a strata.metrics.Metrics, None or False, got "
                               f"{_describe(metrics)}")
     sink = metrics._raw.sink() if metrics is not None else None
-    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store, sink))
+    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store,
+                                      trace, trace_dir, trace_buffer, sink))
     world._store = (store, keep)
     world.metrics = metrics
     world._own_metrics = own

@@ -63,7 +63,8 @@ import time
 from . import _strata
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
-from ._elastic_launch import _launcher_warning, _store_for, shutdown, supervise  # noqa: F401
+from ._elastic_launch import (_launcher_warning, _release_store, _store_for,  # noqa: F401
+                              shutdown, supervise)
 
 __all__ = [
     "run",
@@ -123,10 +124,11 @@ class Controller:
         self.state = state if state is not None else State()
         self.options = options
         self.on_world_changed = on_world_changed
-        self._store, self._monitor_store = _store_for(world, options)
+        self._store, self._monitor_store, self._store_dir = _store_for(world, options)
         self._loop = _strata._ElasticLoop(world, self._store, self._monitor_store,
                                           options._native())
         self._ctx = None
+        self._closed = False
         self._hooks = [o.register_step_pre_hook(self._pre_step) for o in self.state.optimizers]
         self._saver = None
         self._pending = None  # a recovery event printed once its step completes
@@ -350,14 +352,23 @@ class Controller:
         return None
 
     def close(self):
-        """Stops the monitor thread and removes the optimizer hooks."""
+        """Stops the monitor thread and removes the optimizer hooks; the last
+        member of the final epoch to close removes the temporary file store
+        the job made for itself (mpirun on one host). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for h in self._hooks:
             h.remove()
         self._hooks = []
         if self._saver is not None:
             self._saver.close()
             self._saver = None
+        membership, rank = self._loop.membership, self._loop.rank
         self._loop.stop()
+        directory, self._store_dir = self._store_dir, None
+        _release_store(self._store, directory, self.options.job, membership, rank,
+                       self.options.heartbeat_timeout)
 
 
 def _scalar(loss):

@@ -75,6 +75,17 @@ const Row kRows[] = {
       "again, does not fork once more. Set by hand, supervise() does nothing",
       "docs/elastic.md"},
      &Settings::elastic_supervised},
+    {{"STRATA_TRACE", SettingType::kBool, "",
+      "Whether a World keeps a flight recorder of its last operations (collectives and "
+      "point-to-point) and dumps it when an operation fails, on SIGUSR1 or when asked; 0 "
+      "turns it off",
+      "docs/observability.md"},
+     &Settings::trace},
+    {{"STRATA_TRACE_DIR", SettingType::kPath, "",
+      "The directory flight-recorder dumps go to (one JSON file per rank). Unset: "
+      "strata-trace-<job id> under $TMPDIR (else /tmp)",
+      "docs/observability.md"},
+     &Settings::trace_dir},
     {{"STRATA_METRICS_PORT", SettingType::kText, "",
       "Serve this rank's Prometheus metrics over HTTP on this port of the loopback address "
       "(0: a port the OS picks; a job of several ranks on one host gets port+local rank). "

@@ -21,6 +21,25 @@ bool Contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+// True for an error of the store itself (unreachable, refused), not a
+// deadline passed while waiting for other ranks' keys.
+bool StoreUnreachable(const absl::Status& s) {
+  return !s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded &&
+         s.code() != absl::StatusCode::kNotFound && s.code() != absl::StatusCode::kAborted &&
+         s.code() != absl::StatusCode::kFailedPrecondition;
+}
+
+// A rank that cannot reach the store cannot learn what a majority decides:
+// it stops (FailedPrecondition, never retried) rather than train on beside
+// the others (no split brain).
+absl::Status StoreLost(int rank, const Membership& m, const Store& store, const absl::Status& s,
+                       absl::string_view doing) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "rank ", rank, " stops: it cannot reach the elastic store ", store.Describe(), " (", doing,
+      ": ", s.message(), "), so it cannot learn what a majority of the ", m.members.size(),
+      " members of epoch ", m.epoch, " decide; it stops rather than train on beside them"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ElasticLoop>> ElasticLoop::Create(World& world,
@@ -122,6 +141,10 @@ absl::Status ElasticLoop::BeginStep(int64_t step) {
 absl::StatusOr<bool> ElasticLoop::Commit(int64_t step, bool ok) {
   if (ok && monitor_->alarm().has_value()) ok = false;
   absl::StatusOr<bool> committed = commit_->Vote(step, ok);
+  if (StoreUnreachable(committed.status())) {
+    return StoreLost(rank_, membership_, *store_, committed.status(),
+                     absl::StrCat("voting on step ", step));
+  }
   if (committed.ok() && !*committed && !monitor_->alarm().has_value()) {
     // Someone aborted the step; the alarm says why (and if it is not set
     // yet, this rank sets it: a commit never aborts without one).
@@ -257,17 +280,26 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     (void)monitor_->Raise(d);
   }
   hooks_.abort_all();
-  if (absl::Status s = monitor_->store_status(); !s.ok()) return s;
+  if (absl::Status s = monitor_->store_status(); !s.ok()) {
+    return StoreLost(rank_, membership_, *store_, s, "its heartbeat");
+  }
   std::vector<int> suspects;
   {
     std::lock_guard<std::mutex> lock(mu_);
     suspects = suspects_;
   }
-  STRATA_RETURN_IF_ERROR_CTX(monitor_->CheckIn(suspects), "rank ", rank_, " checking in for epoch ",
-                             membership_.epoch);
+  if (absl::Status s = monitor_->CheckIn(suspects); !s.ok()) {
+    if (StoreUnreachable(s)) return StoreLost(rank_, membership_, *store_, s, "checking in");
+    return strata::internal::Annotate(
+        s, absl::StrCat("rank ", rank_, " checking in for epoch ", membership_.epoch));
+  }
   const absl::Time my_known = monitor_->known_at();
   const Membership before = membership_;
-  STRATA_ASSIGN_OR_RETURN(Decision decision, agreement_->Agree(before, rank_, suspects));
+  absl::StatusOr<Decision> agreed = agreement_->Agree(before, rank_, suspects);
+  if (StoreUnreachable(agreed.status())) {
+    return StoreLost(rank_, before, *store_, agreed.status(), "agreeing");
+  }
+  STRATA_ASSIGN_OR_RETURN(Decision decision, std::move(agreed));
   const absl::Time decided_at = absl::Now();
 
   RecoveryEvent event;

@@ -90,6 +90,35 @@ std::string ProfilingName(const OpRecord& record) {
   }
 }
 
+namespace {
+
+class FanOutSink final : public OpSink {
+ public:
+  explicit FanOutSink(std::vector<std::shared_ptr<OpSink>> sinks) : sinks_(std::move(sinks)) {}
+  void OnScheduled(const OpRecord& r) override {
+    for (const auto& s : sinks_) s->OnScheduled(r);
+  }
+  void OnStarted(const OpRecord& r) override {
+    for (const auto& s : sinks_) s->OnStarted(r);
+  }
+  void OnCompleted(const OpRecord& r) override {
+    for (const auto& s : sinks_) s->OnCompleted(r);
+  }
+
+ private:
+  const std::vector<std::shared_ptr<OpSink>> sinks_;
+};
+
+}  // namespace
+
+std::shared_ptr<OpSink> MakeFanOutSink(std::vector<std::shared_ptr<OpSink>> sinks) {
+  std::vector<std::shared_ptr<OpSink>> kept;
+  for (auto& s : sinks) {
+    if (s != nullptr) kept.push_back(std::move(s));
+  }
+  return std::make_shared<FanOutSink>(std::move(kept));
+}
+
 OpTrace::OpTrace(std::shared_ptr<OpSink> sink, OpRecord record)
     : sink_(std::move(sink)), record_(std::move(record)) {
   STRATA_CHECK(sink_ != nullptr, "an OpTrace needs a sink");

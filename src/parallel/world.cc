@@ -5,8 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "parallel/internal/trace_dumper.h"
 #include "parallel/internal/world_state.h"
+#include "strata/base/settings.h"
 #include "strata/base/status.h"
+#include "strata/observe/flight_recorder.h"
 
 namespace strata {
 
@@ -16,7 +19,63 @@ using internal::WorldState;
 
 World::World(std::shared_ptr<WorldState> state) : state_(std::move(state)) {}
 
-World::~World() { state_->Destroy(); }
+World::~World() {
+  tracer_.reset();  // no dumps of the teardown's aborted operations
+  state_->Destroy();
+}
+
+namespace {
+
+// The dumper's options for a World over `state` (ranks of each group from
+// its mesh).
+internal::TraceDumperOptions DumperOptions(const std::shared_ptr<WorldState>& state,
+                                           const TraceOptions& trace, const std::string& dir) {
+  internal::TraceDumperOptions o;
+  o.dir = dir;
+  o.world_rank = state->root()->world_rank();
+  o.world_size = state->root()->size();
+  o.request_poll = trace.request_poll;
+  std::weak_ptr<WorldState> weak = state;
+  o.group_ranks = [weak](const observe::CommRecord& comm) -> std::optional<std::vector<int>> {
+    std::shared_ptr<WorldState> s = weak.lock();
+    if (s == nullptr) return std::nullopt;
+    const Mesh mesh = s->mesh();
+    if (comm.name == "world" && comm.size == mesh.world_size()) {
+      std::vector<int> all(comm.size);
+      for (int i = 0; i < comm.size; ++i) all[i] = i;
+      return all;
+    }
+    absl::StatusOr<GroupName> name = ParseGroupName(comm.name);
+    if (!name.ok()) return std::nullopt;
+    // The mesh is the current generation's; a communicator of an older one
+    // (or of a rank renumbered by a rebuild) is caught by the check below
+    // and left without members rather than given wrong ones. (The root is
+    // not asked: a Rebuild may be replacing it on another thread.)
+    absl::StatusOr<std::vector<int>> ranks = mesh.GroupOf(comm.world_rank, name->canonical);
+    if (!ranks.ok()) ranks = mesh.ExpertGroupOf(comm.world_rank, name->canonical);
+    if (!ranks.ok() || static_cast<int>(ranks->size()) != comm.size || comm.rank < 0 ||
+        comm.rank >= comm.size || (*ranks)[comm.rank] != comm.world_rank) {
+      return std::nullopt;
+    }
+    return *std::move(ranks);
+  };
+  return o;
+}
+
+absl::Status CheckTrace(const TraceOptions& trace) {
+  if (trace.capacity < 1) {
+    return absl::InvalidArgumentError(
+        "TraceOptions::capacity is 0; the flight recorder keeps "
+        "at least one operation (or set enabled = false)");
+  }
+  if (trace.request_poll <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TraceOptions::request_poll is ", absl::FormatDuration(trace.request_poll), "; want > 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const Mesh& mesh,
                                                      const WorldOptions& options) {
@@ -30,9 +89,39 @@ absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const
                                                    " ranks but the job has ", env.world_size, " (",
                                                    env.ToString(), ")"));
   }
+  STRATA_RETURN_IF_ERROR(CheckTrace(options.trace));
+  STRATA_ASSIGN_OR_RETURN(Settings settings, Settings::FromEnvironment());
+  const bool trace = options.trace.enabled.value_or(settings.trace);
+  const std::string dir = !options.trace.dir.empty()    ? options.trace.dir
+                          : !settings.trace_dir.empty() ? settings.trace_dir
+                                                        : internal::TraceDumper::DefaultDir();
+  WorldOptions with_trace = options;
+  // The recorder exists before the root, so that the root's first
+  // operations are recorded; the dumper starts once the World has its
+  // groups (an early failure is dumped then).
+  std::shared_ptr<observe::FlightRecorder> recorder;
+  std::shared_ptr<internal::TraceDumper::ErrorHook> hook;
+  if (trace) {
+    hook = std::make_shared<internal::TraceDumper::ErrorHook>();
+    observe::FlightRecorderOptions ro;
+    ro.capacity = options.trace.capacity;
+    ro.on_error = [hook](const observe::OpRecord& r) { hook->Fire(r); };
+    STRATA_ASSIGN_OR_RETURN(recorder, observe::FlightRecorder::Create(ro));
+    with_trace.root.comm.sink = options.root.comm.sink == nullptr
+                                    ? std::shared_ptr<observe::OpSink>(recorder)
+                                    : observe::MakeFanOutSink({options.root.comm.sink, recorder});
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> root,
-                          CreateRootCommunicator(env, options.root));
-  return FromRoot(std::move(root), mesh, options);
+                          CreateRootCommunicator(env, with_trace.root));
+  WorldOptions rest = options;
+  rest.trace.enabled = false;  // FromRoot must not look for a recorder again
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<World> world, FromRoot(std::move(root), mesh, rest));
+  if (trace) {
+    STRATA_ASSIGN_OR_RETURN(world->tracer_,
+                            internal::TraceDumper::Start(
+                                recorder, hook, DumperOptions(world->state_, options.trace, dir)));
+  }
+  return world;
 }
 
 absl::StatusOr<std::unique_ptr<World>> World::FromRoot(std::unique_ptr<Communicator> root,
@@ -61,7 +150,21 @@ absl::StatusOr<std::unique_ptr<World>> World::FromRoot(std::unique_ptr<Communica
                           : options.root.comm.timeout;
   auto state = std::make_shared<WorldState>(std::move(root), mesh, timeouts);
   STRATA_RETURN_IF_ERROR(state->CreateStandardGroups());
-  return std::unique_ptr<World>(new World(std::move(state)));
+  std::unique_ptr<World> world(new World(std::move(state)));
+  // A root recorded by a FlightRecorder of the caller's: dump it on
+  // requests and signals.
+  auto recorder = std::dynamic_pointer_cast<observe::FlightRecorder>(world->root().sink());
+  if (recorder != nullptr && options.trace.enabled.value_or(true)) {
+    STRATA_RETURN_IF_ERROR(CheckTrace(options.trace));
+    STRATA_ASSIGN_OR_RETURN(Settings settings, Settings::FromEnvironment());
+    const std::string dir = !options.trace.dir.empty()    ? options.trace.dir
+                            : !settings.trace_dir.empty() ? settings.trace_dir
+                                                          : internal::TraceDumper::DefaultDir();
+    STRATA_ASSIGN_OR_RETURN(
+        world->tracer_, internal::TraceDumper::Start(
+                            recorder, nullptr, DumperOptions(world->state_, options.trace, dir)));
+  }
+  return world;
 }
 
 int World::rank() const { return state_->root()->rank(); }
@@ -101,6 +204,28 @@ absl::Status World::Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& 
 }
 
 void World::AbortAll() { state_->AbortAll(); }
+
+std::shared_ptr<observe::FlightRecorder> World::flight_recorder() const {
+  return tracer_ != nullptr ? tracer_->recorder() : nullptr;
+}
+
+std::string World::trace_dir() const { return tracer_ != nullptr ? tracer_->dir() : ""; }
+
+absl::StatusOr<std::string> World::DumpTrace(absl::string_view reason) {
+  if (tracer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this World has no flight recorder (STRATA_TRACE=0 or TraceOptions::enabled = false)");
+  }
+  return tracer_->DumpNow(reason);
+}
+
+absl::StatusOr<std::string> World::RequestTraceDump(absl::string_view reason) {
+  if (tracer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this World has no flight recorder (STRATA_TRACE=0 or TraceOptions::enabled = false)");
+  }
+  return tracer_->RequestAll(reason);
+}
 
 // ---- GroupHandle -----------------------------------------------------------
 

@@ -175,6 +175,86 @@ def kill_rank(job, rank, sig, after_steps, when, rng, timeout):
     return t
 
 
+def rank_environ(pid):
+    """The environment a rank's process started with (/proc/<pid>/environ)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        items = f.read().split(b"\0")
+    out = {}
+    for item in items:
+        k, sep, v = item.partition(b"=")
+        if sep:
+            out[k.decode(errors="replace")] = v.decode(errors="replace")
+    return out
+
+
+class StoreWatch:
+    """Reads the elastic layer's store from outside the job, as the ranks
+    find it (python/strata/_elastic_launch.py): under torchrun the agent's
+    TCPStore at the ranks' MASTER_ADDR:MASTER_PORT (a client of our own);
+    under mpirun the file store in the temporary directory named after the
+    job's PMIx namespace (or STRATA_STORE). Keys are the layer's own
+    (``strata/elastic/<job>/<epoch>/...``): the test watches for the markers
+    the ranks write while they recover (the alarm, the decision) to kill a
+    rank at a chosen phase."""
+
+    def __init__(self, launcher, pid, job="default"):
+        env = rank_environ(pid)
+        self.job = job
+        self._tcp = None
+        self.directory = None
+        if launcher == "torchrun":
+            import datetime
+            import torch.distributed as dist
+            self._tcp = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                                      timeout=datetime.timedelta(seconds=30),
+                                      wait_for_workers=False)
+        else:
+            url = env.get("STRATA_STORE", "")
+            if url.startswith("file:"):
+                self.directory = url[len("file:"):].replace("//", "/", 1) + "/elastic"
+            else:
+                ns = "".join(c if c.isalnum() or c in "-_." else "_"
+                             for c in env["PMIX_NAMESPACE"])
+                self.directory = os.path.join(tempfile.gettempdir(),
+                                              f"strata-elastic-{ns}-{os.getuid()}")
+
+    def key(self, epoch, name):
+        return f"strata/elastic/{self.job}/{epoch}/{name}"
+
+    def get(self, key):
+        """The key's value, or None while it is absent."""
+        if self._tcp is not None:
+            k = "strata/" + key  # strata.store.from_torch's prefix
+            return self._tcp.get(k).decode() if self._tcp.check([k]) else None
+        # The file store's name for a key (src/comm/store/file_store.cc).
+        name = "".join(c if c.isalnum() or c in "_-" else "%%%02X" % ord(c) for c in key)
+        path = os.path.join(self.directory, "k." + name)
+        try:
+            with open(path) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def wait(self, key, timeout, job=None):
+        """Polls for ``key`` every few milliseconds; returns its value.
+        ``job`` (a Job): fail early when it ends."""
+        deadline = time.time() + timeout
+        while True:
+            v = self.get(key)
+            if v is not None:
+                return v
+            if job is not None and job.proc.poll() is not None:
+                raise RuntimeError(f"the job ended while waiting for store key {key}:\n" +
+                                   job.tail())
+            if time.time() > deadline:
+                raise TimeoutError(f"store key {key} did not appear within {timeout}s" +
+                                   ("" if job is None else "\n" + job.tail()))
+            time.sleep(0.002)
+
+    def close(self):
+        self._tcp = None
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launcher", choices=["mpirun", "torchrun"], required=True)

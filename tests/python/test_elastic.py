@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -249,3 +250,76 @@ def test_plain_mpirun_gets_a_warning_naming_the_flag():
     assert "without --with-ft ulfm" in w and "mpirun --with-ft ulfm" in w
     assert elastic._launcher_warning("mpirun", {"OMPI_MCA_mpi_ft_enable": "1"}) is None
     assert elastic._launcher_warning("torchrun", {}) is None
+
+
+# ---- many recoveries in one process --------------------------------------------------------
+
+
+def _threads_fds_rss():
+    """(threads, open file descriptors, resident KiB) of this process."""
+    threads = len(os.listdir("/proc/self/task"))
+    fds = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return threads, fds, rss
+
+
+def _recovering_run(steps):
+    """run() on a new world of one over a DataParallel model where every
+    step is abandoned once (a planned regroup onto the same members: alarm,
+    abort, agreement, shrink, rebuild of the World and of DataParallel,
+    restore) and redone: ``steps`` recoveries. Returns the Result and the
+    World's last generation."""
+    import strata.nn as snn
+    world = strata.init()
+    torch.manual_seed(0)
+    model = snn.DataParallel(torch.nn.Linear(16, 16), world, reduce_op="sum")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sampler = elastic.ElasticSampler(256, 8, seed=1)
+    state = elastic.State(model=model, optimizer=opt, sampler=sampler)
+    x = torch.randn(256, 16)
+
+    def train_step(ctx):
+        if ctx.epoch == ctx.step + 1:  # the first try of every step
+            ctx.request_change([], "test: a regroup per step")
+        opt.zero_grad()
+        model(x[ctx.samples]).pow(2).sum().backward()
+        opt.step()
+        return None
+
+    try:
+        result = elastic.run(train_step, state, world,
+                             elastic.Options(heartbeat_interval=0.05, log=False), steps=steps)
+        return result, world.generation
+    finally:
+        world.destroy()
+
+
+def test_fifty_recoveries_in_one_process_leak_no_threads_fds_or_memory():
+    """50 recoveries through the Python layer (Controller, State, optimizer
+    hooks, DataParallel's rebuild) on a world of one: the threads, file
+    descriptors and resident memory of the process are where they were,
+    and the job's temporary file store is removed when each run ends.
+    (tests/cpp/elastic/loop_test.cc does the same for the C++ loop on 4
+    Gloo ranks.)"""
+    store_dir = os.path.join(tempfile.gettempdir(), f"strata-elastic-{os.getpid()}-{os.getuid()}")
+    # Warm up: the plugin, torch's thread pools, allocator arenas. A second
+    # run in the same process must not find the first one's keys.
+    for _ in range(2):
+        result, generation = _recovering_run(2)
+        assert result.epoch == 3 and len(result.events) == 2 and generation == 3
+        assert not os.path.exists(store_dir), os.listdir(store_dir)
+    threads0, fds0, rss0 = _threads_fds_rss()
+    result, generation = _recovering_run(50)
+    threads1, fds1, rss1 = _threads_fds_rss()
+    assert result.steps == 50 and len(result.events) == 50 and result.epoch == 51
+    assert [e["step"] for e in result.events] == list(range(50))
+    assert generation == 51
+    print(f"50 recoveries: threads {threads0} -> {threads1}, fds {fds0} -> {fds1}, "
+          f"RSS {rss0} -> {rss1} KiB")
+    assert threads1 == threads0, (threads0, threads1)
+    assert fds1 <= fds0, (fds0, fds1, os.listdir("/proc/self/fd"))
+    # What one recovery makes (a communicator, a World generation, the
+    # State's copies, a DataParallel) leaked 50 times would pass this bound.
+    assert rss1 - rss0 < 8 * 1024, f"RSS grew by {rss1 - rss0} KiB over 50 recoveries"
+    assert not os.path.exists(store_dir), os.listdir(store_dir)

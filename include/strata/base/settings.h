@@ -100,6 +100,12 @@ struct STRATA_EXPORT Settings {
   // STRATA_ELASTIC_SUPERVISED: set by strata.elastic.supervise() in the
   // training process it forks (the supervisor's pid); "" elsewhere.
   std::string elastic_supervised;
+  // STRATA_TRACE: whether a World keeps a flight recorder of its
+  // operations (strata/observe/flight_recorder.h) and dumps it on failures.
+  bool trace = true;
+  // STRATA_TRACE_DIR: where flight-recorder dumps go; "": a folder named
+  // after the job under the temp directory.
+  std::string trace_dir;
   // STRATA_METRICS_PORT: serve Prometheus metrics on this port ("0": one
   // the OS picks); "" not at all (strata/observe/metrics.h checks it).
   std::string metrics_port;

@@ -31,7 +31,8 @@
 // no part in the shrink. A rank the decision takes as failed (it was hung
 // and resumed) gets Aborted from Recover; a minority partition gets
 // FailedPrecondition naming the counts; so does a mesh without a complete
-// replica.
+// replica, and a rank that cannot reach the store (from Commit or Recover,
+// naming the store and the epoch's members: it cannot learn the decision).
 //
 // Thread-safety: one thread drives the loop (BeginStep, Commit, Recover,
 // Run); ReportFailure, RequestChange, alarmed() and events() may be called

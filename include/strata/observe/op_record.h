@@ -49,6 +49,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "strata/base/dtype.h"
@@ -155,6 +156,10 @@ class STRATA_EXPORT OpSink {
   // was dropped unfinished, ends with that error).
   virtual void OnCompleted(const OpRecord& record) = 0;
 };
+
+// A sink that hands every call to each of `sinks` in turn (a flight
+// recorder and metrics, say). Null entries are skipped.
+STRATA_EXPORT std::shared_ptr<OpSink> MakeFanOutSink(std::vector<std::shared_ptr<OpSink>> sinks);
 
 // One recorded operation from issue to completion. The communicator makes
 // one per operation when a sink is set and hands it to the backend, which

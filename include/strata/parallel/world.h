@@ -70,6 +70,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,10 +87,40 @@
 
 namespace strata {
 
+namespace observe {
+class FlightRecorder;
+}
+namespace internal {
+class TraceDumper;
+}
+
+// The World's flight recorder (strata/observe/flight_recorder.h; see
+// docs/observability.md). On by default: every operation of every group
+// is kept in a ring of the last `capacity`, and each rank writes the ring
+// to `dir` as strata_trace_rank_<rank>.json when one of its operations
+// fails (a deadline, a backend error), on SIGUSR1, when asked by
+// World::DumpTrace, or when another rank asks every rank
+// (World::RequestTraceDump; a failing rank and SIGUSR1 also ask). Ranks
+// meet for the requests through a file store in `dir`, so the ranks of a
+// job on several hosts need `dir` on a filesystem they all see.
+struct STRATA_EXPORT TraceOptions {
+  // Unset: $STRATA_TRACE (default on).
+  std::optional<bool> enabled;
+  // "": $STRATA_TRACE_DIR, else strata-trace-<job id> under $TMPDIR (else
+  // /tmp), the job id read from the launcher (Open MPI's namespace,
+  // torchrun's run id, Slurm's job and step).
+  std::string dir;
+  // Operations kept per rank (PyTorch's default: 2000).
+  size_t capacity = 2000;
+  // How often each rank looks for another rank's request to dump (one
+  // small file read).
+  absl::Duration request_poll = absl::Seconds(1);
+};
+
 struct STRATA_EXPORT WorldOptions {
   // Version 2 removed `extra_groups` (every combination is created on first
-  // request) and added `group_creation_timeout`.
-  static constexpr int kVersion = 2;
+  // request) and added `group_creation_timeout`; version 3 added `trace`.
+  static constexpr int kVersion = 3;
   int version = kVersion;
   // Root communicator: backend ("auto", "mpi"), default operation timeout
   // (which also bounds the creation of every group), backend settings.
@@ -98,6 +129,9 @@ struct STRATA_EXPORT WorldOptions {
   // request: past it, DeadlineExceeded naming the group. Zero means the
   // root's operation timeout (root.comm.timeout).
   absl::Duration group_creation_timeout = absl::ZeroDuration();
+  // The flight recorder (Create only: a root given to FromRoot is recorded
+  // when its CommOptions::sink is a FlightRecorder, which is then used).
+  TraceOptions trace;
 };
 
 class STRATA_EXPORT World {
@@ -170,10 +204,27 @@ class STRATA_EXPORT World {
   // time (it never waits for a collective). Rebuild repairs the World.
   void AbortAll();
 
+  // ---- flight recorder (TraceOptions) ----
+
+  // The recorder of this World's operations; null when off.
+  std::shared_ptr<observe::FlightRecorder> flight_recorder() const;
+  // Where this rank writes its dumps ("" when the recorder is off).
+  std::string trace_dir() const;
+  // Writes this rank's dump now; returns its path. FailedPrecondition when
+  // the recorder is off; Unavailable when the file cannot be written.
+  absl::StatusOr<std::string> DumpTrace(absl::string_view reason = "called");
+  // Asks every rank of the job to dump (through the store in trace_dir();
+  // each rank sees the request within TraceOptions::request_poll) and
+  // dumps this rank; returns this rank's path. Not collective: any rank may
+  // call it, e.g. rank 0 when it sees a step hang.
+  absl::StatusOr<std::string> RequestTraceDump(absl::string_view reason = "asked");
+
  private:
   explicit World(std::shared_ptr<internal::WorldState> state);
 
   std::shared_ptr<internal::WorldState> state_;
+  // Declared last: stopped (its thread joined) before the groups go.
+  std::unique_ptr<internal::TraceDumper> tracer_;
 };
 
 }  // namespace strata

@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -139,9 +140,11 @@ class GlooCommunicator final : public Communicator {
   // the store says a peer revoked it) and returns the status to report.
   absl::Status OnError(const absl::Status& status);
   // Connects a new communicator of `size` ranks (this one is `rank`)
-  // through the store under `uid`.
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(const std::string& uid, int rank,
-                                                            int size, const CommOptions& options);
+  // through the store under `uid`; its waits for peers end with Aborted as
+  // soon as `cancelled` (when set) returns true.
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(
+      const std::string& uid, int rank, int size, const CommOptions& options,
+      const std::function<bool()>& cancelled = {});
   // Runs a collective of this communicator and waits for it (for Split).
   absl::Status RunNow(absl::StatusOr<std::unique_ptr<Work>> work, absl::Time deadline);
   void CloseConnections();
@@ -161,6 +164,10 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;
   int split_seq_ = 0;
   std::atomic<bool> closed_{false};
+  // Abort() calls so far: a Shrink in progress gives up when another comes
+  // (a survivor died during it; the caller starts again without it) rather
+  // than wait for the dead rank's keys until its deadline.
+  std::atomic<uint64_t> aborts_{0};
   // Point-to-point messages posted to / from each group rank: a message's
   // number names the slot of its chunks. Only touched while posting, which
   // the queue serialises.
@@ -183,10 +190,9 @@ class GlooCommunicator final : public Communicator {
 
 // Connects a context of `size` ranks through `store` under `uid` (also used
 // for the root).
-absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooRuntime& runtime,
-                                                                     const std::string& uid,
-                                                                     int rank, int size,
-                                                                     absl::Time deadline);
+absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
+    const GlooRuntime& runtime, const std::string& uid, int rank, int size, absl::Time deadline,
+    const std::function<bool()>& cancelled = {});
 
 // A plugin error as a status whose message starts with `description`.
 absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description);

@@ -21,17 +21,46 @@ gloo_plugin::Error ToError(const absl::Status& s) {
   return {static_cast<int>(s.code()), std::string(s.message())};
 }
 
+// Waits for `key` until `deadline`; with `cancelled` set, by looking at it
+// (one look, no blocking wait) with pauses up to 20 ms, and ends with
+// Aborted as soon as `cancelled` returns true.
+absl::StatusOr<std::string> GetUnlessCancelled(Store& store, const std::string& key,
+                                               absl::Time deadline,
+                                               const std::function<bool()>& cancelled) {
+  if (!cancelled) return store.Get(key, deadline);
+  absl::Duration pause = absl::Milliseconds(1);
+  while (true) {
+    if (cancelled()) {
+      return absl::AbortedError(
+          absl::StrCat("waiting for '", key, "': the communicator was aborted meanwhile"));
+    }
+    absl::StatusOr<std::string> v = store.Get(key, absl::InfinitePast());
+    const bool absent = !v.ok() && (v.status().code() == absl::StatusCode::kDeadlineExceeded ||
+                                    v.status().code() == absl::StatusCode::kNotFound);
+    if (!absent) return v;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return store.Get(key, absl::InfinitePast());  // the last look's answer
+    absl::SleepFor(std::min(pause, deadline - now));
+    pause = std::min(pause * 2, absl::Milliseconds(20));
+  }
+}
+
 // The store as the plugin's rendezvous: keys under `prefix`, every wait
-// bounded by `deadline`.
+// bounded by `deadline` (and ended by `cancelled`, when set).
 class StoreRendezvous final : public gloo_plugin::Rendezvous {
  public:
-  StoreRendezvous(Store& store, std::string prefix, absl::Time deadline)
-      : store_(store), prefix_(std::move(prefix)), deadline_(deadline) {}
+  StoreRendezvous(Store& store, std::string prefix, absl::Time deadline,
+                  std::function<bool()> cancelled)
+      : store_(store),
+        prefix_(std::move(prefix)),
+        deadline_(deadline),
+        cancelled_(std::move(cancelled)) {}
   gloo_plugin::Error Set(const std::string& key, const std::string& value) override {
     return ToError(store_.Set(absl::StrCat(prefix_, key), value, deadline_));
   }
   gloo_plugin::Error Get(const std::string& key, std::string* value) override {
-    absl::StatusOr<std::string> v = store_.Get(absl::StrCat(prefix_, key), deadline_);
+    absl::StatusOr<std::string> v =
+        GetUnlessCancelled(store_, absl::StrCat(prefix_, key), deadline_, cancelled_);
     if (!v.ok()) return ToError(v.status());
     *value = *std::move(v);
     return {};
@@ -41,15 +70,15 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
   Store& store_;
   const std::string prefix_;
   const absl::Time deadline_;
+  const std::function<bool()> cancelled_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(const GlooRuntime& runtime,
-                                                                     const std::string& uid,
-                                                                     int rank, int size,
-                                                                     absl::Time deadline) {
-  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline);
+absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
+    const GlooRuntime& runtime, const std::string& uid, int rank, int size, absl::Time deadline,
+    const std::function<bool()>& cancelled) {
+  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline, cancelled);
   gloo_plugin::ConnectOptions options;
   options.rank = rank;
   options.size = size;
@@ -171,10 +200,11 @@ absl::Status GlooCommunicator::OnError(const absl::Status& status) {
 }
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
-    const std::string& uid, int rank, int size, const CommOptions& options) {
+    const std::string& uid, int rank, int size, const CommOptions& options,
+    const std::function<bool()>& cancelled) {
   const absl::Time deadline = absl::Now() + options.timeout;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gloo_plugin::Context> context,
-                          ConnectContext(*runtime_, uid, rank, size, deadline));
+                          ConnectContext(*runtime_, uid, rank, size, deadline, cancelled));
   return std::make_unique<GlooCommunicator>(runtime_, std::move(context), options, uid);
 }
 
@@ -233,9 +263,15 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoShrink(
   // each, and every disagreement is seen by some survivor.
   Store& store = *runtime_->store;
   const std::string hash = absl::StrCat(plan.survivors_hash);
+  // A survivor that dies during the shrink never writes its keys: an
+  // Abort() of this communicator meanwhile (the caller learnt of it) ends
+  // the waits at once instead of at the deadline.
+  const uint64_t aborts = aborts_.load();
+  const std::function<bool()> cancelled = [this, aborts] { return aborts_.load() != aborts; };
   STRATA_RETURN_IF_ERROR_CTX(store.Set(absl::StrCat(uid, "/h/", rank()), hash, deadline), what);
   const int next = survivors[static_cast<size_t>((me + 1) % m)];
-  absl::StatusOr<std::string> theirs = store.Get(absl::StrCat(uid, "/h/", next), deadline);
+  absl::StatusOr<std::string> theirs =
+      GetUnlessCancelled(store, absl::StrCat(uid, "/h/", next), deadline, cancelled);
   if (!theirs.ok()) {
     return internal::Annotate(
         theirs.status(), absl::StrCat(what, ": survivor rank ", next,
@@ -247,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoShrink(
         what, ": survivor rank ", next,
         " passed a different list of excluded ranks (every survivor must pass the same list)"));
   }
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(uid, me, m, options);
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(uid, me, m, options, cancelled);
   if (!child.ok()) return internal::Annotate(child.status(), what);
   return std::unique_ptr<Communicator>(std::move(child).value());
 }
@@ -257,6 +293,7 @@ absl::Status GlooCommunicator::DoAbort() {
   // OnError must not take that failure for a revoke. Then the pending
   // operations, so that they fail with this message rather than with the
   // closed connections'.
+  aborts_.fetch_add(1);
   health_.SetAborted();
   queue_->FailAll(absl::AbortedError("the communicator was aborted by this rank"));
   CloseConnections();

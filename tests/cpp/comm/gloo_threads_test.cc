@@ -263,6 +263,29 @@ TEST(GlooThreadsTest, AbortWakesABlockedCollectiveAndTheCommunicatorIsDestroyedP
   });
 }
 
+// A survivor that dies during a shrink never writes its keys: an Abort()
+// of the communicator being shrunk (the elastic layer's, when it learns of
+// the death) ends the others' waits at once instead of at the deadline.
+TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingForADeadSurvivor) {
+  OnRanks(3, [](int r, Communicator& c) {
+    if (r == 2) return;  // "dies": never takes part in the shrink
+    const absl::Time start = absl::Now();
+    std::thread aborter([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      EXPECT_TRUE(c.Abort().ok());
+    });
+    CommOptions options;
+    options.timeout = absl::Seconds(60);
+    auto shrunk = c.Shrink({}, options);
+    aborter.join();
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(shrunk.status().code(), absl::StatusCode::kAborted) << shrunk.status();
+    EXPECT_TRUE(absl::StrContains(shrunk.status().message(), "aborted meanwhile"))
+        << shrunk.status();
+    EXPECT_LT(took, absl::Seconds(10)) << "the shrink waited " << took << " for the dead rank";
+  });
+}
+
 // A message travels as a header, a first part of at most 1 MiB and the
 // rest: sizes on both sides of that boundary arrive intact, in order, and
 // mismatches across it (larger or smaller than the buffer, small into large

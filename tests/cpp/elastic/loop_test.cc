@@ -6,9 +6,10 @@
 // lost the rank leaves, and the parameters after the last step equal a
 // reference computed here that applies every step once (the global batch
 // is kept, so the reference does not depend on dp). Also: two failures in
-// a row, 50 planned regroups in one process without leaking threads,
-// file descriptors or memory, and heartbeats that go on while an abort of
-// the World blocks.
+// a row, a partition that loses the store (the minority stops, the
+// majority trains on; without a majority nobody does), 50 planned regroups in one process without
+// leaking threads, file descriptors or memory, and heartbeats that go on while an abort of the
+// World blocks.
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -68,7 +69,48 @@ ElasticOptions TestOptions() {
   return o;
 }
 
-enum class Fate { kLive, kDie, kHang };
+// kCut: at its step the rank loses the store (a network partition between
+// it and the store's host; the ranks cut at the same step are one
+// partition). It goes on running its loop, as a partitioned process does.
+enum class Fate { kLive, kDie, kHang, kCut };
+
+// A store fault injector: the view of one side of a partition. Every
+// operation fails (Unavailable, as a store client whose connection is gone
+// reports it) once `cut` is set.
+class PartitionedStore final : public Store {
+ public:
+  PartitionedStore(std::shared_ptr<Store> store, std::shared_ptr<std::atomic<bool>> cut)
+      : store_(std::move(store)), cut_(std::move(cut)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value, absl::Time deadline) override {
+    if (*cut_) return Lost(key);
+    return store_->Set(key, value, deadline);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time deadline) override {
+    if (*cut_) return Lost(key);
+    return store_->Get(key, deadline);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Time deadline) override {
+    if (*cut_) return Lost(keys.empty() ? "" : keys[0]);
+    return store_->Wait(keys, deadline);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) override {
+    if (*cut_) return Lost(key);
+    return store_->Add(key, delta, deadline);
+  }
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired, absl::Time deadline) override {
+    if (*cut_) return Lost(key);
+    return store_->CompareSet(key, expected, desired, deadline);
+  }
+  std::string Describe() const override { return "memory store (partitioned by the test)"; }
+
+ private:
+  static absl::Status Lost(absl::string_view key) {
+    return absl::UnavailableError(absl::StrCat("connection lost (test partition) at '", key, "'"));
+  }
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<std::atomic<bool>> cut_;
+};
 
 struct RankResult {
   absl::Status status;
@@ -83,6 +125,8 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
                               std::map<int, std::pair<Fate, int64_t>> fates,
                               ElasticOptions options = TestOptions()) {
   auto store = MakeMemoryStore();
+  // One partition: the ranks whose fate is kCut lose the store together.
+  auto cut = std::make_shared<std::atomic<bool>>(false);
   std::vector<RankResult> results(n);
   std::atomic<bool> survivors_done{false};
   std::vector<std::thread> threads;
@@ -106,16 +150,22 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
         out.status = world.status();
         return;
       }
-      auto loop = ElasticLoop::Create(**world, store, options);
+      const auto fate = fates.count(r) ? fates[r] : std::make_pair(Fate::kLive, int64_t{-1});
+      // The elastic layer's view of the store (the Gloo communicators
+      // bootstrap through the store itself: the partition is between the
+      // ranks and the store's host).
+      std::shared_ptr<Store> view = store;
+      if (fate.first == Fate::kCut) view = std::make_shared<PartitionedStore>(store, cut);
+      auto loop = ElasticLoop::Create(**world, view, options);
       if (!loop.ok()) {
         out.status = loop.status();
         return;
       }
       std::vector<double> params(kParams, 1.0);
       std::vector<double> grad(kParams);
-      const auto fate = fates.count(r) ? fates[r] : std::make_pair(Fate::kLive, int64_t{-1});
       LoopCallbacks cb;
       cb.step = [&](const StepContext& ctx) -> absl::Status {
+        if (fate.first == Fate::kCut && ctx.step == fate.second) cut->store(true);
         // This replica's share of the global batch (uneven splits allowed).
         Mesh mesh = ctx.world->mesh();
         const int dp = mesh.dp();
@@ -143,7 +193,7 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
         for (int p = 0; p < kParams; ++p) params[p] -= kLr * grad[p];
         return absl::OkStatus();
       };
-      if (fate.first != Fate::kLive) {
+      if (fate.first == Fate::kDie || fate.first == Fate::kHang) {
         // A hand-written loop (what Run does) up to the step it fails in.
         for (int64_t step = 0; step < fate.second;) {
           StepContext ctx;
@@ -273,6 +323,55 @@ TEST(ElasticLoopTest, TwoFailuresInARow) {
   EXPECT_EQ(events[1].epoch_after, 3u);
 }
 
+// A partition that loses the store (ranks 6 and 7, replica 3 of dp4 x
+// tp2) while the other six go on: the six take the two as failed (one by
+// its stale heartbeat, one by its missing check-in) and train on, dp3, to
+// the reference's parameters; each of the two stops with an error that
+// names the store and the epoch's members, and neither trains on.
+TEST(ElasticLoopTest, AMinorityPartitionStopsWhileTheMajorityTrainsOn) {
+  std::vector<RankResult> results = Train(8, 2, 8, {{6, {Fate::kCut, 3}}, {7, {Fate::kCut, 3}}});
+  ExpectRecovered(results, {6, 7}, {}, 8, 2, 3);
+  const RecoveryEvent& e = results[0].loop.events.at(0);
+  EXPECT_THAT(e.failed, ElementsAre(6, 7)) << e.ToJson();
+  EXPECT_TRUE(e.leaving.empty()) << e.ToJson();
+  for (int r : {6, 7}) {
+    const absl::Status& s = results[r].status;
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr(
+                                 absl::StrCat("rank ", r,
+                                              " stops: it cannot reach the elastic store memory "
+                                              "store (partitioned by the test)")))
+        << s;
+    EXPECT_THAT(s.message(), ::testing::HasSubstr("a majority of the 8 members of epoch 1")) << s;
+    EXPECT_TRUE(results[r].params.empty()) << "rank " << r << " trained on";
+  }
+}
+
+// No split brain when the store's side is the minority: ranks 0-4 lose the
+// store, 5-7 keep it. The three see only themselves check in (3 of 8, not
+// a majority) and stop with an error naming the counts; the five cannot
+// reach the store and stop naming it. Nobody trains on.
+TEST(ElasticLoopTest, WithoutAMajorityNobodyTrainsOn) {
+  std::map<int, std::pair<Fate, int64_t>> fates;
+  for (int r = 0; r < 5; ++r) fates[r] = {Fate::kCut, 2};
+  std::vector<RankResult> results = Train(8, 2, 6, fates);
+  for (int r = 0; r < 8; ++r) {
+    const absl::Status& s = results[r].status;
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << "rank " << r << ": " << s;
+    EXPECT_TRUE(results[r].params.empty()) << "rank " << r << " trained on";
+    if (r < 5) {
+      EXPECT_THAT(s.message(), ::testing::HasSubstr("cannot reach the elastic store")) << s;
+    } else {
+      EXPECT_THAT(s.message(),
+                  ::testing::HasSubstr(absl::StrCat("rank ", r,
+                                                    " stops: only 3 of the 8 members of epoch 1 "
+                                                    "checked in")))
+          << s;
+      EXPECT_THAT(s.message(), ::testing::HasSubstr("not a majority")) << s;
+    }
+  }
+}
+
 int CountEntries(const std::string& dir) {
   int n = 0;
   if (DIR* d = opendir(dir.c_str())) {
@@ -314,7 +413,18 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
         auto loop = ElasticLoop::Create(**world, store, o);
         ASSERT_TRUE(loop.ok()) << loop.status();
         for (int i = 0; i < recoveries; ++i) {
-          if (r == i % n) ASSERT_TRUE((*loop)->RequestChange({}, "leak test").ok());
+          if (r == i % n) {
+            // Not before every rank's check of the last regroup returned:
+            // the alarm aborts the World, and an allreduce complete on this
+            // rank may still be running on another.
+            if (i > 0) {
+              const std::string key = absl::StrCat("test/", o.job, "/checked/", i - 1);
+              while (*store->Add(key, 0, absl::Now() + absl::Seconds(10)) < n) {
+                absl::SleepFor(absl::Milliseconds(2));
+              }
+            }
+            ASSERT_TRUE((*loop)->RequestChange({}, "leak test").ok());
+          }
           // Wait until this rank knows (as a step blocked in a collective
           // would be woken by its abort).
           while (!(*loop)->alarmed()) absl::SleepFor(absl::Milliseconds(5));
@@ -326,6 +436,10 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
                                               Buffer::Of(&x, 1), ReduceOp::kSum);
           ASSERT_TRUE(w.ok() && (*w)->Wait().ok());
           ASSERT_EQ(x, n);
+          ASSERT_TRUE(store
+                          ->Add(absl::StrCat("test/", o.job, "/checked/", i), 1,
+                                absl::Now() + absl::Seconds(10))
+                          .ok());
         }
         if (r == 0) epochs->push_back(static_cast<int64_t>((*loop)->membership().epoch));
       });
