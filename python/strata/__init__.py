@@ -60,6 +60,7 @@ __all__ = [
     "settings",
     "Setting",
     "errors",
+    "metrics",
     "pipeline",
     "topology",
     "Error",

@@ -72,6 +72,7 @@ status: ``NOT_FOUND``, ``DATA_LOSS``, ``INVALID_ARGUMENT``, ...).
 import json
 import os
 import random
+import time
 import warnings
 
 import torch
@@ -202,6 +203,10 @@ class AsyncCheckpointer:
         self._check_timeout = commit_timeout
         self._check_threads = staging_threads or max(1, min(4, os.cpu_count() or 1))
         self._check_seconds = 0.0
+        # strata.metrics of the world: time save() blocks, bytes of saves
+        # seen committed (checked at each save, wait, close).
+        self._metrics = getattr(world, "metrics", None)
+        self._accounted_step = None
         self._impl = _strata._Checkpointer(
             self.directory, keep_last=keep_last or 0, checksum=checksum, chunk_bytes=chunk_bytes,
             max_file_bytes=max_file_bytes or 0, on_busy=on_busy, busy_timeout=busy_timeout,
@@ -221,6 +226,26 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
+        t0 = time.perf_counter()
+        try:
+            self._save(state, step, optimizer_step, data_loader, mesh)
+        finally:
+            if self._metrics is not None:
+                self._metrics.record_checkpoint_blocked(time.perf_counter() - t0)
+                self._account()
+
+    def _account(self):
+        """Adds the bytes of a save committed since the last look to
+        strata_checkpoint_write_bytes_total."""
+        if self._metrics is None:
+            return
+        st = self._impl.status()
+        last = st.get("last_committed_step")
+        if last is not None and last >= 0 and last != self._accounted_step:
+            self._accounted_step = last
+            self._metrics.record_checkpoint_write(st.get("bytes_written") or 0)
+
+    def _save(self, state, step, optimizer_step, data_loader, mesh):
         world = self._placement.world
         if world is not None and world.generation != self._generation:
             self._placement = T.Placement(world)  # collective, as save() is
@@ -272,6 +297,7 @@ class AsyncCheckpointer:
             self._impl.wait(timeout)
         finally:
             self._warn()
+            self._account()
 
     def status(self):
         """A dict: ``state`` ("idle", "staging", "writing"), ``step_in_flight``,
@@ -291,6 +317,7 @@ class AsyncCheckpointer:
             self._impl.close(timeout)
         finally:
             self._warn()
+            self._account()
 
     def __enter__(self):
         return self

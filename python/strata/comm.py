@@ -444,6 +444,8 @@ class World:
     def __init__(self, raw):
         self._raw = raw
         self._groups = {}
+        self.metrics = None  # the strata.metrics.Metrics of strata.init
+        self._own_metrics = False  # made by strata.init (closed with the world)
         _live_worlds.add(self)
 
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")
@@ -535,6 +537,10 @@ class World:
         Idempotent; strata.init may be called again afterwards."""
         if self._raw.alive:
             self._raw.destroy()
+            if self._own_metrics:
+                self.metrics.close()  # the final figures; the port is free again
+            elif self.metrics is not None and self.metrics.file:
+                self.metrics.write()
         self._groups.clear()
         _live_worlds.discard(self)
 
@@ -553,7 +559,7 @@ class World:
 
 
 def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None,
-         group_timeout=None, trace=None, trace_dir=None, trace_buffer=None):
+         group_timeout=None, trace=None, trace_dir=None, trace_buffer=None, metrics=None):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
@@ -574,6 +580,11 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     the temp directory) when an operation fails, on SIGUSR1, or when asked
     (:meth:`World.dump_trace`, :meth:`World.request_trace_dump`).
     ``trace``: True or False; None follows $STRATA_TRACE (default on).
+
+    ``metrics``: the :class:`strata.metrics.Metrics` every communicator of
+    the world records its operations into (``world.metrics``); by default
+    a new one, served and written as STRATA_METRICS_PORT and
+    STRATA_METRICS_FILE say; False for none.
 
     Store-bootstrapped backends (gloo, nccl) rendezvous through ``store``
     (a :mod:`strata.store` store, or a ``torch.distributed.Store``); by
@@ -610,7 +621,21 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         raise InvalidArgument(f"trace_buffer must be a positive int, got {_describe(trace_buffer)}")
     if trace_dir is not None:
         trace_dir = os.fspath(trace_dir)
+    from . import metrics as _metrics
+    own = metrics is None
+    if own:
+        metrics = _metrics.Metrics(rank=launch.rank, env=env)
+    elif metrics is False:
+        metrics = None
+    elif not isinstance(metrics, _metrics.Metrics):
+        raise InvalidArgument(f"metrics must be a strata.metrics.Metrics, None or False, got "
+                              f"{_describe(metrics)}")
+    sink = metrics._raw.sink() if metrics is not None else None
     world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store,
-                                      trace, trace_dir, trace_buffer))
+                                      trace, trace_dir, trace_buffer, sink))
     world._store = (store, keep)
+    world.metrics = metrics
+    world._own_metrics = own
+    if metrics is not None:
+        metrics._world = weakref.ref(world)
     return world

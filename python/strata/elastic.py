@@ -391,6 +391,15 @@ def recover(controller):
     return controller.recover()
 
 
+def _record_recovery(metrics, event):
+    """strata_recoveries_total, and strata_evictions_total{reason} per rank
+    the recovery left out (reason: what detected the failure)."""
+    metrics.record_recovery()
+    reason = (event.get("cause") or {}).get("source") or "unknown"
+    for _ in event.get("failed") or []:
+        metrics.record_eviction(reason)
+
+
 def run(train_step, state, world, options=None, *, steps, on_world_changed=None):
     """Runs ``train_step(ctx)`` until ``state.step == steps``, recovering from
     failed ranks in the same processes (see the module's documentation).
@@ -408,6 +417,7 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
         raise InvalidArgument(f"run: state must be a strata.elastic.State, got "
                               f"{type(state).__name__}")
     c = Controller(world, state, options, on_world_changed)
+    metrics = getattr(world, "metrics", None)  # strata.metrics: each step is marked here
     try:
         while state.step < steps:
             try:
@@ -417,7 +427,11 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                 c.fail_step(ctx, e)
             else:
                 try:
-                    loss = train_step(ctx)
+                    if metrics is None:
+                        loss = train_step(ctx)
+                    else:
+                        with metrics.step():
+                            loss = train_step(ctx)
                 except StepAborted:
                     pass
                 except (CommError, PipelineError) as e:  # a pipeline step's peer failed
@@ -425,8 +439,11 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                 else:
                     c.finish_step(ctx, loss)
             if not ctx.committed:
-                if c.recover() is None:
+                event = c.recover()
+                if event is None:
                     return Result(state.step, c.events, left=True, epoch=c.epoch)
+                if metrics is not None:
+                    _record_recovery(metrics, event)
         return Result(state.step, c.events, left=False, epoch=c.epoch)
     finally:
         c.close()

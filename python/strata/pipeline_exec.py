@@ -332,8 +332,17 @@ class _PipelineSchedule:
         for dp in self._dp.values():
             dp._pipeline_begin()
         ok = False
+        # strata.metrics: the World's registry marks the step (a user's
+        # strata.metrics.step around this call counts it once).
+        world = getattr(self._group, "_world", None)
+        metrics = getattr(world, "metrics", None)
         try:
-            self.stats = self._runner.step(self._forward, self._backward, self._allocate)
+            if metrics is None:
+                self.stats = self._runner.step(self._forward, self._backward, self._allocate)
+            else:
+                with metrics.step():
+                    self.stats = self._runner.step(self._forward, self._backward,
+                                                   self._allocate)
             ok = True
         finally:
             self._inputs = self._targets = None

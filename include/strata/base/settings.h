@@ -106,6 +106,12 @@ struct STRATA_EXPORT Settings {
   // STRATA_TRACE_DIR: where flight-recorder dumps go; "": a folder named
   // after the job under the temp directory.
   std::string trace_dir;
+  // STRATA_METRICS_PORT: serve Prometheus metrics on this port ("0": one
+  // the OS picks); "" not at all (strata/observe/metrics.h checks it).
+  std::string metrics_port;
+  // STRATA_METRICS_FILE: write the metrics as a .prom file here ({rank}
+  // replaced); "" nowhere.
+  std::string metrics_file;
 
   // The text of each registered variable that was set, by name.
   std::map<std::string, std::string> from_environment;
