@@ -128,7 +128,7 @@ class PyCheckpointer {
                  uint64_t chunk_bytes, uint64_t max_file_bytes, const std::string& on_busy,
                  double busy_timeout, const std::string& on_failure, double commit_timeout,
                  int staging_threads, const std::string& io_priority,
-                 std::optional<std::string> fail_at, py::object split_from)
+                 std::optional<std::string> fail_at, py::object split_from, py::object test_hook)
       : sink_(std::make_shared<WarnSink>()) {
     CheckpointOptions o;
     o.directory = directory;
@@ -162,6 +162,29 @@ class PyCheckpointer {
       o.test_hook = [point](absl::string_view p) {
         return p == point ? absl::InternalError(absl::StrCat("injected failure at ", p))
                           : absl::OkStatus();
+      };
+    } else if (!test_hook.is_none()) {
+      // Testing only: test_hook(point) runs on the writer thread at each
+      // named point (with the GIL); an exception fails the save there. The
+      // callable is released with the GIL: the checkpointer may be
+      // destroyed without it.
+      std::shared_ptr<py::object> fn(new py::object(std::move(test_hook)), [](py::object* f) {
+        if (Py_IsInitialized()) {
+          py::gil_scoped_acquire gil;
+          delete f;
+        } else {
+          f->release();
+          delete f;
+        }
+      });
+      o.test_hook = [fn](absl::string_view p) {
+        py::gil_scoped_acquire gil;
+        try {
+          (*fn)(std::string(p));
+        } catch (py::error_already_set& e) {
+          return absl::InternalError(absl::StrCat("test_hook at ", p, ": ", e.what()));
+        }
+        return absl::OkStatus();
       };
     }
     absl::StatusOr<std::unique_ptr<Checkpointer>> c;
@@ -492,12 +515,12 @@ Registration reg(kOrderCheckpoint, [](py::module_& m) {
                              "Private: see strata.checkpoint.AsyncCheckpointer.")
       .def(py::init<const std::string&, int, const std::string&, uint64_t, uint64_t,
                     const std::string&, double, const std::string&, double, int, const std::string&,
-                    std::optional<std::string>, py::object>(),
+                    std::optional<std::string>, py::object, py::object>(),
            py::arg("directory"), py::kw_only(), py::arg("keep_last"), py::arg("checksum"),
            py::arg("chunk_bytes"), py::arg("max_file_bytes"), py::arg("on_busy"),
            py::arg("busy_timeout"), py::arg("on_failure"), py::arg("commit_timeout"),
            py::arg("staging_threads"), py::arg("io_priority"), py::arg("fail_at") = py::none(),
-           py::arg("split_from") = py::none())
+           py::arg("split_from") = py::none(), py::arg("test_hook") = py::none())
       .def("save", &PyCheckpointer::Save, py::arg("step"), py::arg("shards"), py::arg("state"),
            py::arg("cuda_stream") = 0)
       .def("wait", &PyCheckpointer::Wait, py::arg("timeout") = py::none())

@@ -38,7 +38,9 @@ class Options:
     says its state was lost), "memory", or "checkpoint" (always load the last
     checkpoint of ``checkpoint_dir``). ``checkpoint_every``: save the State
     asynchronously to ``checkpoint_dir`` every so many committed steps (0:
-    never). ``log``: print one JSON line per completed step and per recovery
+    never); ``checkpoint_options``: keyword arguments of the
+    :class:`strata.checkpoint.AsyncCheckpointer` it saves with (``keep_last``
+    is 2 unless given). ``log``: print one JSON line per completed step and per recovery
     on rank 0 (``{"event": "step", ...}``, ``{"event": "recovery", ...}``).
     ``store``: the store to agree through (a :mod:`strata.store` store);
     None: the world's bootstrap store (torchrun's TCPStore), else
@@ -61,6 +63,7 @@ class Options:
     restore: str = "auto"
     checkpoint_dir: str = None
     checkpoint_every: int = 0
+    checkpoint_options: dict = None
     log: bool = True
     store: object = None
     job: str = "default"
@@ -85,6 +88,10 @@ class Options:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise InvalidArgument("strata.elastic.Options.checkpoint_every is "
                                   f"{self.checkpoint_every} but checkpoint_dir is not set")
+        if self.checkpoint_options is not None and not isinstance(self.checkpoint_options, dict):
+            raise InvalidArgument("strata.elastic.Options.checkpoint_options must be a dict of "
+                                  "strata.checkpoint.AsyncCheckpointer arguments, got "
+                                  f"{type(self.checkpoint_options).__name__}")
         if self.restore == "checkpoint" and not self.checkpoint_dir:
             raise InvalidArgument("strata.elastic.Options.restore is 'checkpoint' but "
                                   "checkpoint_dir is not set")

@@ -193,7 +193,8 @@ class AsyncCheckpointer:
     def __init__(self, directory, *, world=None, keep_last=None, on_busy="wait",
                  busy_timeout=1800.0, on_failure="raise", checksum="xxh3-128",
                  chunk_bytes=16 << 20, max_file_bytes=None, commit_timeout=600.0,
-                 staging_threads=None, io_priority="low", rng=True, _fail_at=None):
+                 staging_threads=None, io_priority="low", rng=True, _fail_at=None,
+                 _test_hook=None):
         self._placement = T.Placement(world)
         # The placement (this rank, its replica indices) is the world's at one
         # generation: save() takes it again after a rebuild.
@@ -212,7 +213,7 @@ class AsyncCheckpointer:
             max_file_bytes=max_file_bytes or 0, on_busy=on_busy, busy_timeout=busy_timeout,
             on_failure=on_failure, commit_timeout=commit_timeout,
             staging_threads=staging_threads or 0, io_priority=io_priority, fail_at=_fail_at,
-            split_from=self._placement.group)
+            split_from=self._placement.group, test_hook=_test_hook)
 
     def _warn(self):
         for message in self._impl.take_warnings():

@@ -235,9 +235,10 @@ class Controller:
     def _checkpointer(self):
         if self._saver is None:
             from . import checkpoint
-            self._saver = checkpoint.AsyncCheckpointer(
-                self.options.checkpoint_dir, world=self.world, keep_last=2,
-                commit_timeout=self.options.rebuild_timeout)
+            kwargs = {"keep_last": 2, "commit_timeout": self.options.rebuild_timeout}
+            kwargs.update(self.options.checkpoint_options or {})
+            self._saver = checkpoint.AsyncCheckpointer(self.options.checkpoint_dir,
+                                                       world=self.world, **kwargs)
         return self._saver
 
     def _save(self):

@@ -10,7 +10,9 @@ The driver waits until every rank has written its pid (--pid-dir) and the
 job has completed ``--after`` steps, then sends the signal to one rank
 (``--rank``, or a random one; the process it kills is the training process
 itself, which under torchrun is the child of strata.elastic.supervise), and
-waits for the job to end. It prints one JSON object: the launcher's exit
+waits for the job to end. With ``--kill hold`` (and the example's ``--hold
+OP:RANK:STEP``) it kills the rank that announces it waits inside OP
+instead. It prints one JSON object: the launcher's exit
 status, the rank killed, when (wall clock), the example's JSON lines, and
 the paths of the per-rank reports.
 """
@@ -255,6 +257,38 @@ class StoreWatch:
         self._tcp = None
 
 
+def kill_on_hold(job, sig, timeout, poll=0.005):
+    """Waits for the example's ``--hold`` announcement (``hold.json`` in the
+    pid directory: the rank waits inside the operation it names), then
+    sends ``sig`` to the rank that wrote it. Returns (the wall-clock time of
+    the kill, the announcement)."""
+    pids = job.wait_pids(timeout)
+    path = os.path.join(job.pid_dir, "hold.json")
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        if job.proc.poll() is not None:
+            raise RuntimeError(f"the job ended (status {job.proc.returncode}) before a rank "
+                               f"announced its hold in {path}:\n" + job.tail())
+        if time.time() > deadline:
+            raise TimeoutError(f"waited {timeout}s for a rank to announce its hold in {path}:\n"
+                               + job.tail())
+        time.sleep(poll)
+    with open(path) as f:
+        hold = json.load(f)
+    if pids.get(hold["rank"]) != hold["pid"]:
+        raise RuntimeError(f"{path} names rank {hold['rank']} pid {hold['pid']}, its pid file "
+                           f"says {pids.get(hold['rank'])}")
+    t = time.time()
+    os.kill(hold["pid"], sig)
+    return t, hold
+
+
+def hold_released(job):
+    """Whether the rank that announced a hold went on (the kill came after
+    its hold ended: it did not land inside the operation)."""
+    return os.path.exists(os.path.join(job.pid_dir, "hold.released"))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launcher", choices=["mpirun", "torchrun"], required=True)
@@ -263,7 +297,9 @@ def main():
     p.add_argument("--after", type=int, default=5, help="steps before the kill")
     p.add_argument("--rank", type=int, default=None, help="the rank to kill (default: random)")
     p.add_argument("--signal", default="KILL", choices=["KILL", "STOP"])
-    p.add_argument("--kill", default="random", choices=["random", "between", "none"])
+    p.add_argument("--kill", default="random", choices=["random", "between", "hold", "none"],
+                   help="hold: kill the rank that announces its --hold (give the example "
+                        "--hold OP:RANK:STEP)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--timeout", type=float, default=240)
     p.add_argument("--out", default=None)
@@ -277,7 +313,10 @@ def main():
     rank = a.rank if a.rank is not None else rng.randrange(a.np)
     killed_at = None
     sig = signal.SIGKILL if a.signal == "KILL" else signal.SIGSTOP
-    if a.kill != "none":
+    if a.kill == "hold":
+        killed_at, hold = kill_on_hold(job, sig, a.timeout)
+        rank = hold["rank"]
+    elif a.kill != "none":
         killed_at = kill_rank(job, rank, sig, a.after, a.kill, rng, a.timeout)
     rc = job.finish()
     if sig == signal.SIGSTOP and a.kill != "none":

@@ -261,6 +261,28 @@ def test_background_failure_raises_on_next_save(tmp_path):
     assert ckpt.latest_step(tmp_path) is None
 
 
+def test_test_hook_runs_on_the_writer_at_each_point_and_can_fail_the_save(tmp_path):
+    # The hook the elastic tests hold a rank inside a checkpoint write with.
+    import threading
+    points = []
+
+    def hook(point):
+        points.append((point, threading.current_thread() is threading.main_thread()))
+        if point == "renamed" and len(points) > 8:
+            raise RuntimeError("stop here")
+
+    with ckpt.AsyncCheckpointer(tmp_path, _test_hook=hook) as saver:
+        saver.save({"w": torch.ones(3)}, step=1)
+        saver.wait()
+        first = [p for p, _ in points]
+        assert first[:2] == ["prepared", "file_partial"] and "latest_written" in first, first
+        assert not any(main for _, main in points)  # the writer's thread, not the caller's
+        saver.save({"w": torch.ones(3)}, step=2)
+        with pytest.raises(strata.CheckpointError, match="test_hook at renamed: .*stop here"):
+            saver.wait()
+    assert ckpt.latest_step(tmp_path) == 1
+
+
 def test_background_failure_warns_and_training_goes_on(tmp_path):
     saver = ckpt.AsyncCheckpointer(tmp_path, on_failure="warn", _fail_at="renamed")
     saver.save({"w": torch.ones(3)}, step=1)

@@ -76,6 +76,7 @@ def test_sampler_errors_name_the_value():
     ("restore", "disk", "restore must be one of"),
     ("max_attempts", -1, "max_attempts must be an int >= 0"),
     ("checkpoint_every", 5, "checkpoint_every is 5 but checkpoint_dir is not set"),
+    ("checkpoint_options", ["keep_last", 3], "checkpoint_options must be a dict of"),
 ])
 def test_bad_options_are_named(field, value, message):
     o = elastic.Options()

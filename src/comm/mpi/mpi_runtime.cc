@@ -259,11 +259,21 @@ std::vector<int> FailedRanks(MPI_Comm comm) {
 absl::Status FromMpi(int rc, MPI_Comm comm, absl::string_view context) {
   if (rc == MPI_SUCCESS) return absl::OkStatus();
   int error_class = rc;
-  MPI_Error_class(rc, &error_class);
-  char text[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  const std::string mpi_text(text, static_cast<size_t>(len));
+  std::string mpi_text;
+  if (rc < 0) {
+    // Not an MPI error code: Open MPI's nonblocking collectives can return
+    // an internal one (OMPI_ERROR, -1, from NBC_Start_round after a peer
+    // died). MPI_Error_class would reject it through MPI_COMM_WORLD's
+    // handler, MPI_ERRORS_ARE_FATAL: the process would abort.
+    error_class = MPI_ERR_INTERN;
+    mpi_text = absl::StrCat("Open MPI internal error code ", rc);
+  } else {
+    MPI_Error_class(rc, &error_class);
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
+    mpi_text.assign(text, static_cast<size_t>(len));
+  }
 #ifdef STRATA_HAVE_ULFM
   if (error_class == MPIX_ERR_PROC_FAILED || error_class == MPIX_ERR_PROC_FAILED_PENDING ||
       error_class == MPIX_ERR_REVOKED) {
