@@ -307,14 +307,11 @@ class PyWorld {
   std::shared_ptr<Owner> owner_;
 };
 
-std::unique_ptr<PyWorld> InitWorld(const Mesh& mesh, const std::string& backend,
-                                   std::optional<double> timeout,
-                                   std::optional<double> group_timeout,
-                                   std::optional<std::map<std::string, std::string>> env,
-                                   std::optional<PyStore> store, std::optional<bool> trace,
-                                   std::optional<std::string> trace_dir,
-                                   std::optional<size_t> trace_buffer,
-                                   std::shared_ptr<observe::OpSink> sink) {
+std::unique_ptr<PyWorld> InitWorld(
+    const Mesh& mesh, const std::string& backend, std::optional<double> timeout,
+    std::optional<double> group_timeout, std::optional<std::map<std::string, std::string>> env,
+    std::optional<PyStore> store, std::optional<bool> trace, std::optional<std::string> trace_dir,
+    std::optional<size_t> trace_buffer, std::shared_ptr<observe::OpSink> sink) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
