@@ -328,6 +328,11 @@ absl::Status CheckCommOptions(const CommOptions& options) {
                                                    " must be positive"));
   }
   if (options.name.empty()) return absl::InvalidArgumentError("communicator name is empty");
+  if (options.excluded_exit_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("communicator '", options.name, "': excluded_exit_wait ",
+                     absl::FormatDuration(options.excluded_exit_wait), " must not be negative"));
+  }
   return absl::OkStatus();
 }
 

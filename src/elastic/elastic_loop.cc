@@ -377,6 +377,11 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   CommOptions root_options;
   root_options.name = "world";
   root_options.timeout = options_.rebuild_timeout;
+  // The excluded ranks are dead, fenced or leaving: MPI under ULFM then
+  // shrinks with MPIX_Comm_shrink once it sees them gone (its
+  // MPI_Comm_create_from_group, the way for excluded ranks that stay alive,
+  // was seen to hang in its activation under load).
+  root_options.excluded_exit_wait = std::min(options_.rebuild_timeout / 2, absl::Seconds(10));
   absl::StatusOr<std::unique_ptr<Communicator>> root = world_.root().Shrink(excluded, root_options);
   if (root.ok() && *root == nullptr) {
     return absl::InternalError(absl::StrCat("rank ", rank_, " was excluded from its own shrink"));

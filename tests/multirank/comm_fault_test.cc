@@ -87,7 +87,11 @@ int main() {
     CHECK_TRUE(!after.ok() && after.status().code() == absl::StatusCode::kAborted,
                "operation on a revoked communicator: ", after.status().ToString());
   }
-  std::unique_ptr<Communicator> b = Must(a->Shrink({2}, Named("b")), "shrink");
+  // Told that the excluded rank is going, the shrink waits for MPI to
+  // report it failed and shrinks with MPIX_Comm_shrink.
+  CommOptions b_options = Named("b");
+  b_options.excluded_exit_wait = absl::Seconds(20);
+  std::unique_ptr<Communicator> b = Must(a->Shrink({2}, b_options), "shrink");
   CHECK_TRUE(b != nullptr);
   CHECK_TRUE(b->size() == 3, "shrunk size ", b->size());
   CHECK_TRUE(b->rank() == (env.rank < 2 ? env.rank : env.rank - 1), "rank order kept");
@@ -123,7 +127,11 @@ int main() {
     absl::SleepFor(absl::Seconds(3));  // alive, elsewhere, until the others are done
   } else {
     CHECK_TRUE(b->Revoke().ok());
-    std::unique_ptr<Communicator> c = Must(b->Shrink({2}, Named("c")), "evicting shrink");
+    // Told to wait for it to exit, which it does not: after the wait the
+    // shrink goes on without it.
+    CommOptions c_options = Named("c");
+    c_options.excluded_exit_wait = absl::Milliseconds(500);
+    std::unique_ptr<Communicator> c = Must(b->Shrink({2}, c_options), "evicting shrink");
     CHECK_TRUE(c != nullptr && c->size() == 2, "evicted size");
     absl::StatusOr<int64_t> two = Sum(*c, 10);
     CHECK_TRUE(two.ok() && *two == 20, "allreduce after eviction: ",

@@ -139,6 +139,14 @@ struct STRATA_EXPORT CommOptions {
   // one inherit it unless their own options name another. The
   // communicator and its in-flight operations share its ownership.
   std::shared_ptr<observe::OpSink> sink;
+  // Shrink only: how long the backend may wait for the excluded ranks to
+  // be reported failed (they died, were killed, or are exiting) so that it
+  // can build the new communicator the way its fault tolerance is meant to
+  // be used (MPI under ULFM: MPIX_Comm_shrink). Past it, or with zero (the
+  // default: excluded ranks may stay alive), it builds the communicator
+  // among the survivors alone. strata.elastic sets it: the ranks it
+  // excludes are dead, fenced or leaving.
+  absl::Duration excluded_exit_wait = absl::ZeroDuration();
 };
 
 // What a backend can do with each dtype, declared once by the backend; the

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "comm/common/host_share.h"
 #include "comm/mpi/mpi_communicator.h"
 #include "strata/base/status.h"
@@ -60,6 +61,26 @@ absl::StatusOr<MPI_Comm> FinishCreation(Engine& engine, MPI_Comm comm, absl::Tim
   MPI_Comm_set_errhandler(*ctrl, MPI_ERRORS_RETURN);
   return *ctrl;
 }
+
+#ifdef STRATA_HAVE_ULFM
+// True once MPI reports every rank of `excluded` (ranks of `comm`) as
+// failed in this process's view, polled until `until`.
+bool ExcludedReportedFailed(MPI_Comm comm, const std::vector<int>& excluded, absl::Time until) {
+  absl::Duration pause = absl::Milliseconds(1);
+  while (true) {
+    std::vector<int> failed = FailedRanks(comm);
+    std::sort(failed.begin(), failed.end());
+    if (std::includes(failed.begin(), failed.end(), excluded.begin(), excluded.end())) return true;
+    if (absl::Now() >= until) return false;
+    // Lets MPI handle the failure notices that arrived (a probe of a tag
+    // nobody sends; its result does not matter).
+    int flag = 0;
+    (void)MPI_Iprobe(MPI_ANY_SOURCE, kShrinkTagBase - 1, comm, &flag, MPI_STATUS_IGNORE);
+    absl::SleepFor(std::min(pause, until - absl::Now()));
+    pause = std::min(pause * 2, absl::Milliseconds(10));
+  }
+}
+#endif
 
 }  // namespace
 
@@ -169,27 +190,46 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoShrink(
   const int64_t hash = static_cast<int64_t>(plan.survivors_hash >> 1);
   const MPI_Comm ctrl = state_->ctrl();
 
+  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
+  const bool fault_tolerant = info.ok() && (*info)->fault_tolerant;
+
+  // 0. Under ULFM, with excluded ranks that are dead or going
+  // (options.excluded_exit_wait), wait a bounded time for MPI to report
+  // them failed: then MPIX_Comm_shrink, ULFM's own way, builds the new
+  // communicator (step 2).
+  int64_t gone = 0;
+#ifdef STRATA_HAVE_ULFM
+  if (fault_tolerant && m < size() && options.excluded_exit_wait > absl::ZeroDuration()) {
+    gone = ExcludedReportedFailed(ctrl, plan.excluded,
+                                  std::min(deadline, absl::Now() + options.excluded_exit_wait))
+               ? 1
+               : 0;
+  }
+#endif
+
   // 1. Rendezvous of the survivors (a dissemination barrier) on the control
   // communicator, bounded by the deadline: after it, every survivor is
   // known to be alive and inside this Shrink with the same survivor set.
-  // The messages also spread whether any survivor knows of a failed rank,
-  // so that all choose the same way to create the communicator.
+  // The messages also spread whether any survivor knows of a failed rank
+  // and whether all of them saw every excluded rank fail, so that all
+  // choose the same way to create the communicator.
   int64_t failures = FailedRanks(ctrl).empty() && FailedRanks(state_->comm()).empty() ? 0 : 1;
   for (int distance = 1; distance < m; distance *= 2) {
     const int to = survivors[static_cast<size_t>((me + distance) % m)];
     const int from = survivors[static_cast<size_t>((me - distance + m) % m)];
     auto op = NewOp(*engine_, absl::StrCat(what, ": meeting survivor ranks ", to, " and ", from),
                     deadline);
-    op->scratch.emplace_back(6 * sizeof(int64_t));
+    op->scratch.emplace_back(8 * sizeof(int64_t));
     int64_t* msg = reinterpret_cast<int64_t*>(op->scratch.back().data());
     msg[0] = seq;
     msg[1] = hash;
     msg[2] = failures;
+    msg[3] = gone;
     MPI_Request r[2];
-    int rc = MPI_Irecv(msg + 3, 3, MPI_INT64_T, from, tag, ctrl, &r[0]);
+    int rc = MPI_Irecv(msg + 4, 4, MPI_INT64_T, from, tag, ctrl, &r[0]);
     if (rc == MPI_SUCCESS) {
       op->requests.push_back(r[0]);
-      rc = MPI_Isend(msg, 3, MPI_INT64_T, to, tag, ctrl, &r[1]);
+      rc = MPI_Isend(msg, 4, MPI_INT64_T, to, tag, ctrl, &r[1]);
       if (rc == MPI_SUCCESS) op->requests.push_back(r[1]);
     }
     if (rc != MPI_SUCCESS) {
@@ -203,36 +243,61 @@ absl::StatusOr<std::unique_ptr<Communicator>> MpiCommunicator::DoShrink(
       }
       return met;
     }
-    if (msg[3] != seq || msg[4] != hash) {
+    if (msg[4] != seq || msg[5] != hash) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": survivor rank ", from,
           " passed a different list of excluded ranks (every survivor must pass the same list)"));
     }
-    failures |= msg[5];
+    failures |= msg[6];
+    gone &= msg[7];
   }
-
-  // 2. Create the communicator among the survivors only, all of them the
-  // same way. MPI_Comm_create_group on the control communicator (only the
-  // group's members take part) fails under ULFM with MPI_ERR_PROC_FAILED
-  // on a rank that knows of a failed rank in the parent, even one outside
-  // the group, while the members that do not know yet wait in it for the
-  // ones that failed out, without a deadline. What a rank knows can change
-  // after the rendezvous (a strata heartbeat or probe may find a death
-  // before ULFM does, and ULFM then reports it to each rank at its own
-  // moment), so when ranks are excluded under fault tolerance, or when any
-  // survivor knows of a failure, the communicator is built from the group
-  // alone with MPI_Comm_create_from_group (PMIx), which does not look at
-  // the parent, named by the uid that every survivor computes alike.
-  // Without fault tolerance a failure ends the job, and create_group
-  // (which also works in a singleton) is used.
-  absl::StatusOr<const RuntimeInfo*> info = EnsureInitialized();
-  const bool fault_tolerant = info.ok() && (*info)->fault_tolerant;
-  const bool from_group = failures != 0 || (fault_tolerant && m < size());
   const std::string uid =
       absl::StrCat(state_->uid(), "/k", absl::Hex(plan.survivors_hash), "-", seq);
-  MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+
+  // 2. Create the communicator among the survivors only, all of them the
+  // same way.
   MPI_Comm comm = MPI_COMM_NULL;
-  int rc = MPI_Comm_group(ctrl, &parent);
+  int rc = MPI_SUCCESS;
+#ifdef STRATA_HAVE_ULFM
+  if (gone != 0) {
+    // Every excluded rank is failed in every survivor's view, so the
+    // survivors are the live ranks and MPIX_Comm_shrink (no deadline, but
+    // it tolerates ranks failing inside it) needs no one else. A survivor
+    // lost meanwhile leaves a smaller communicator: an error, so that the
+    // caller shrinks again without it.
+    rc = MPIX_Comm_shrink(ctrl, &comm);
+    if (rc != MPI_SUCCESS) return FromMpi(rc, ctrl, absl::StrCat(what, ": MPIX_Comm_shrink"));
+    int got_size = 0, got_rank = -1;
+    MPI_Comm_size(comm, &got_size);
+    MPI_Comm_rank(comm, &got_rank);
+    if (got_size != m || got_rank != me) {
+      MPI_Comm_free(&comm);
+      return absl::UnavailableError(
+          absl::StrCat(what, ": MPIX_Comm_shrink kept ", got_size, " ranks (this one as rank ",
+                       got_rank, ") where ", m, " survivors were expected (this one as rank ", me,
+                       "): a survivor failed during the shrink; exclude it too"));
+    }
+    STRATA_ASSIGN_OR_RETURN(MPI_Comm new_ctrl, FinishCreation(*engine_, comm, deadline, what));
+    return std::unique_ptr<Communicator>(Wrap(comm, new_ctrl, options, uid));
+  }
+#endif
+  // Otherwise (excluded ranks that may be alive, or MPI still reports one
+  // of them alive): MPI_Comm_create_group on the control communicator
+  // (only the group's members take part) fails under ULFM with
+  // MPI_ERR_PROC_FAILED on a rank that knows of a failed rank in the
+  // parent, even one outside the group, while the members that do not know
+  // yet wait in it for the ones that failed out, without a deadline. What a
+  // rank knows can change after the rendezvous (a strata heartbeat or
+  // probe may find a death before ULFM does, and ULFM then reports it to
+  // each rank at its own moment), so when ranks are excluded under fault
+  // tolerance, or when any survivor knows of a failure, the communicator is
+  // built from the group alone with MPI_Comm_create_from_group (PMIx),
+  // which does not look at the parent, named by the uid that every
+  // survivor computes alike. Without fault tolerance a failure ends the
+  // job, and create_group (which also works in a singleton) is used.
+  const bool from_group = failures != 0 || (fault_tolerant && m < size());
+  MPI_Group parent = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  rc = MPI_Comm_group(ctrl, &parent);
   if (rc == MPI_SUCCESS) rc = MPI_Group_incl(parent, m, plan.survivors.data(), &group);
   if (rc == MPI_SUCCESS) {
     rc = from_group ? MPI_Comm_create_from_group(group, uid.c_str(), MPI_INFO_NULL,

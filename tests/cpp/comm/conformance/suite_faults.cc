@@ -214,6 +214,45 @@ TEST_P(Conformance, ShrinkExcludesLiveRanks) {
   });
 }
 
+// A shrink told that its excluded ranks are going (excluded_exit_wait)
+// still excludes a rank that stays alive: the backend waits at most that
+// long for it to be reported failed, then builds the communicator among
+// the survivors alone. A negative wait is refused, naming it.
+TEST_P(Conformance, ShrinkWaitingForExcludedRanksToExitStillExcludesLiveOnes) {
+  OnEveryRank([&](Communicator& world) {
+    if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+    auto comm = Fresh(world, "going");
+    ASSERT_NE(comm, nullptr);
+    const int rank = comm->rank(), size = comm->size(), last = size - 1;
+    CommOptions options;
+    options.name = "shrunk";
+    options.timeout = absl::Seconds(60);
+    options.excluded_exit_wait = absl::Seconds(-1);
+    auto refused = comm->Shrink({last}, options);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()),
+                HasSubstr("excluded_exit_wait -1s must not be negative"));
+    options.excluded_exit_wait = absl::Milliseconds(300);
+    STRATA_ASSERT_OK_AND_ASSIGN(auto shrunk, comm->Shrink({last}, options));
+    if (rank == last) {
+      EXPECT_EQ(shrunk, nullptr);
+    } else {
+      ASSERT_NE(shrunk, nullptr);
+      EXPECT_EQ(shrunk->size(), size - 1);
+      EXPECT_EQ(shrunk->rank(), rank);
+      Tensor one(memory(), DataType::kInt32, 1), sum(memory(), DataType::kInt32, 1);
+      one.Set(0, 1);
+      one.Upload();
+      STRATA_ASSERT_OK_AND_ASSIGN(auto w,
+                                  shrunk->AllReduce(one.buffer(), sum.buffer(), ReduceOp::kSum));
+      STRATA_ASSERT_OK(Wait(*w));
+      sum.Download();
+      EXPECT_EQ(sum.Get(0), size - 1);
+    }
+    AllHere(world);
+  });
+}
+
 // A receive given fewer elements than were sent, or more, is an error
 // naming both counts, and the communicator stays usable. (NCCL cannot tell:
 // its receives take what they are given.)
