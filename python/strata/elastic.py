@@ -136,6 +136,7 @@ class Controller:
         self._last_rank0 = None
         self.events = []
         self._replicas0 = self.world.group("dp").size
+        self._job_ranks = list(self._loop.membership["members"])
         warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
         if warning and self.world.rank == 0:
             print(warning, file=sys.stderr, flush=True)
@@ -350,6 +351,7 @@ class Controller:
         if self.options.leave == "exit":
             print(msg, file=sys.stderr, flush=True)
             sys.stdout.flush()
+            self.close()  # done with the store, as far as its directory goes
             # Not sys.exit: MPI's finalize would wait for the ranks that
             # go on (and for the dead one).
             os._exit(0)
@@ -372,8 +374,8 @@ class Controller:
         membership, rank = self._loop.membership, self._loop.rank
         self._loop.stop()
         directory, self._store_dir = self._store_dir, None
-        _release_store(self._store, directory, self.options.job, membership, rank,
-                       self.options.heartbeat_timeout)
+        _release_store(self._store, directory, self.options.job, self._job_ranks,
+                       membership["epoch"], rank, self.options.heartbeat_timeout)
 
 
 def _scalar(loss):
