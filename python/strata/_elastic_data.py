@@ -20,7 +20,8 @@ class Options:
     other rank's every ``heartbeat_interval``; a heartbeat unchanged for
     ``heartbeat_timeout`` means a hung rank; ``probe_processes`` also finds a
     rank of the same host whose process is gone. Agreement: the leader waits
-    up to ``settle_timeout`` for every rank to check in or be shown failed;
+    up to ``settle_timeout`` for every rank to check in or be shown failed
+    (one whose heartbeat still changes: up to ``decision_timeout / 2``);
     the others wait ``decision_timeout`` for it before taking over (at most
     ``max_leader_takeovers`` times). ``rebuild_timeout`` bounds the shrink
     and the rebuild of the world; ``commit_timeout`` a wait for the other

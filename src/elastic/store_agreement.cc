@@ -87,6 +87,16 @@ class StoreAgreement final : public Agreement {
     return v.status();
   }
 
+  // The latest heartbeat of member `m` (of this epoch, else of the one
+  // before), or "" when it has none.
+  absl::StatusOr<std::string> HeartbeatOf(const Membership& current, const Keys& keys, int m) {
+    STRATA_ASSIGN_OR_RETURN(std::optional<std::string> hb, Peek(keys.Heartbeat(m)));
+    if (!hb.has_value() && current.epoch > 1) {
+      STRATA_ASSIGN_OR_RETURN(hb, Peek(Keys(options_.job, current.epoch - 1).Heartbeat(m)));
+    }
+    return hb.value_or("");
+  }
+
   absl::Status Lead(const Membership& current, int rank, const Keys& keys) {
     const absl::Time start = absl::Now();
     const absl::Time settle = start + options_.settle_timeout;
@@ -116,6 +126,12 @@ class StoreAgreement final : public Agreement {
       }
     }
     std::map<int, internal::ProcessId> processes;
+    // A silent member's heartbeat when first found silent: one whose
+    // heartbeat still changes at `settle` is alive but slow (a loaded
+    // host) and gets until `patience`, within the time the others wait for
+    // the decision before they take over.
+    std::map<int, std::string> beat;
+    const absl::Time patience = std::max(settle, start + options_.decision_timeout / 2);
     absl::Duration pause = absl::Milliseconds(1);
     // Until the check-ins stop coming, count them (one read) rather than
     // look at every member: the sweep below then reads each member's
@@ -171,17 +187,37 @@ class StoreAgreement final : public Agreement {
           it = missing.erase(it);
           continue;
         }
+        if (beat.find(m) == beat.end()) {
+          STRATA_ASSIGN_OR_RETURN(beat[m], HeartbeatOf(current, keys, m));
+        }
         ++it;
       }
       if (missing.empty()) break;
-      if (absl::Now() >= settle) {
-        for (int m : missing) {
-          failed[m] = absl::StrCat("no check-in within ",
-                                   absl::FormatDuration(options_.settle_timeout), " of the alarm");
+      const absl::Time now = absl::Now();
+      if (now >= settle) {
+        for (auto it = missing.begin(); it != missing.end();) {
+          const int m = *it;
+          if (now < patience) {
+            STRATA_ASSIGN_OR_RETURN(std::string hb, HeartbeatOf(current, keys, m));
+            if (!hb.empty() && hb != beat[m]) {
+              ++it;
+              continue;
+            }
+          }
+          failed[m] =
+              now < patience
+                  ? absl::StrCat("no check-in within ",
+                                 absl::FormatDuration(options_.settle_timeout), " of the alarm")
+                  : absl::StrCat(
+                        "no check-in within ",
+                        absl::FormatDuration(absl::Trunc(now - start, absl::Milliseconds(1))),
+                        " of the alarm (its heartbeat went on: alive, but too slow)");
+          it = missing.erase(it);
         }
-        break;
+        if (missing.empty()) break;
       }
-      absl::SleepFor(std::min(pause, settle - absl::Now()));
+      absl::SleepFor(std::min(
+          pause, std::max(absl::Milliseconds(1), (now < settle ? settle : patience) - now)));
       pause = std::min(pause * 2, absl::Milliseconds(20));
     }
     for (const auto& [m, s] : seen) d.known_by_all_at = std::max(d.known_by_all_at, s.known_at);

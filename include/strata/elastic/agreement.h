@@ -9,7 +9,8 @@
 // either checked in or been shown failed (suspect/<rank> evidence written by
 // monitors: a stale heartbeat, a process gone; the leader also probes
 // members on its own host through /proc), or `settle_timeout` passes (the
-// silent ones are then taken as failed); then it plans the regroup
+// silent ones are then taken as failed, except those whose heartbeat still
+// changes: they get until decision_timeout / 2); then it plans the regroup
 // (PlanRegroup) and CompareSets the decision. The others wait for the
 // decision; when the leader does not deliver within `decision_timeout`, the
 // next rank takes the leadership over (CompareSet with the old leader's id),

@@ -63,7 +63,9 @@ struct STRATA_EXPORT ElasticOptions {
   bool probe_processes = true;
   // The leader waits at most this long after the alarm for every member to
   // check in or be shown failed (heartbeat, process probe, backend report);
-  // members still silent then are taken as failed.
+  // members still silent then are taken as failed, except those whose
+  // heartbeat still changes (alive, on a loaded host): they get until half
+  // of `decision_timeout` after the alarm.
   absl::Duration settle_timeout = absl::Seconds(2);
   // How long a rank waits for the leader's decision before it takes the
   // leadership over (the leader may have died), and how many times.

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -141,6 +142,60 @@ TEST(StoreAgreementTest, SilentRanksAreTakenAsFailedAtTheSettleTimeout) {
   EXPECT_EQ(got[0]->leaving, std::vector<int>{4});
   EXPECT_GE(took, absl::Milliseconds(300));
   EXPECT_LT(took, absl::Seconds(5));
+}
+
+// Rank 5 does not check in by the settle timeout but its heartbeat goes on
+// (a loaded host): the leader waits for it, up to decision_timeout / 2.
+// With `check_in_after` it checks in then; without, it is taken as failed
+// at the end of that patience, saying why.
+std::vector<absl::StatusOr<Decision>> AgreeWithASlowRank(
+    const ElasticOptions& o, std::optional<absl::Duration> check_in_after) {
+  const Membership m = Dp4Tp2();
+  const internal::Keys keys(o.job, m.epoch);
+  std::shared_ptr<Store> store = MakeMemoryStore();
+  std::atomic<bool> done{false};
+  std::thread slow([&] {
+    const absl::Time start = absl::Now();
+    for (int beat = 1; !done.load(); ++beat) {
+      (void)store->Set(keys.Heartbeat(5), absl::StrCat(beat, " host boot 1 1"),
+                       absl::Now() + absl::Seconds(5));
+      if (check_in_after.has_value() && absl::Now() - start >= *check_in_after) {
+        EXPECT_TRUE(CheckInForTest(*store, o, m.epoch, 5).ok());
+        check_in_after.reset();
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  std::vector<absl::StatusOr<Decision>> got = AgreeOn(m, {5}, /*evidence=*/false, o, store);
+  done = true;
+  slow.join();
+  return got;
+}
+
+TEST(StoreAgreementTest, ASlowRankWhoseHeartbeatGoesOnGetsMoreTimeToCheckIn) {
+  ElasticOptions o = Fast();
+  o.settle_timeout = absl::Milliseconds(300);
+  o.decision_timeout = absl::Seconds(6);
+  std::vector<absl::StatusOr<Decision>> got = AgreeWithASlowRank(o, absl::Seconds(1));
+  for (const auto& d : got) {
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(d->failed.empty()) << d->Encode();
+    EXPECT_EQ(d->kind, Decision::Kind::kContinue);
+  }
+}
+
+TEST(StoreAgreementTest, ASlowRankThatNeverChecksInIsTakenAsFailedAfterThePatience) {
+  ElasticOptions o = Fast();
+  o.settle_timeout = absl::Milliseconds(300);
+  o.decision_timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<Decision>> got = AgreeWithASlowRank(o, std::nullopt);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(got[0]->failed, std::vector<int>{5});
+  EXPECT_THAT(got[0]->failed_why[0], HasSubstr("its heartbeat went on: alive, but too slow"));
+  EXPECT_GE(took, absl::Milliseconds(1500));
+  EXPECT_LT(took, absl::Seconds(3));
 }
 
 TEST(StoreAgreementTest, ADeadLeaderIsReplaced) {
