@@ -9,6 +9,7 @@
 // communicator destroyed with the GIL released).
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -199,12 +200,19 @@ Registration reg(kOrderComm, [](py::module_& m) {
 
   m.def(
       "_file_store",
-      [](const std::string& path) {
+      [](const std::string& path, double max_poll) {
         FileStoreOptions options;
         options.path = path;
+        if (!(max_poll > 0) || max_poll > 10) {
+          RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
+                          "file_store: max_poll must be in (0, 10] seconds, got ", max_poll)),
+                      ErrorArea::kComm);
+        }
+        options.max_poll = absl::Seconds(max_poll);
+        options.min_poll = std::min(options.min_poll, options.max_poll);
         return PyStore{UnwrapStore(OpenFileStore(options))};
       },
-      py::arg("path"), "A store kept in a directory every rank sees.");
+      py::arg("path"), py::arg("max_poll") = 0.02, "A store kept in a directory every rank sees.");
   m.def(
       "_python_store",
       [](py::object adapter) { return PyStore{UnwrapStore(AdaptPythonStore(std::move(adapter)))}; },

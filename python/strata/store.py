@@ -108,11 +108,12 @@ def from_torch(store, describe=None, prefix="strata/"):
     return _strata._python_store(_TorchStoreAdapter(store, describe, prefix))
 
 
-def file_store(path):
+def file_store(path, max_poll=0.02):
     """A store kept in directory ``path`` (created if missing), which every
     rank must see: a shared filesystem across nodes. Use a fresh directory
-    per job."""
-    return _strata._file_store(os.fspath(path))
+    per job. A wait for a key polls the directory, from 0.5 ms doubling up to
+    ``max_poll`` seconds: smaller answers sooner and costs more reads."""
+    return _strata._file_store(os.fspath(path), float(max_poll))
 
 
 def connect_torchrun(launch, timeout, env=None):

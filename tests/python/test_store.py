@@ -107,6 +107,12 @@ def test_file_store_and_a_bad_store_argument(tmp_path):
     s = sstore.file_store(tmp_path / "st")
     s.set("a", b"1")
     assert s.get("a", timeout=1) == b"1"
+    fine = sstore.file_store(tmp_path / "st", max_poll=0.001)
+    assert fine.get("a", timeout=1) == b"1"
+    for bad in (0, -1, 11):
+        with pytest.raises(strata.InvalidArgument,
+                           match=rf"max_poll must be in \(0, 10\] seconds, got {bad}"):
+            sstore.file_store(tmp_path / "st", max_poll=bad)
     with pytest.raises(strata.InvalidArgument, match="torch.distributed.Store"):
         sstore.from_torch(object())
 
