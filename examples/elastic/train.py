@@ -82,7 +82,7 @@ def parse(argv=None):
     p.add_argument("--microbatch", type=int, default=8,
                    help="samples per pipeline microbatch (pp > 1)")
     p.add_argument("--samples", type=int, default=4096, help="samples in the data set")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--pid-dir", help="write this rank's pid to DIR/<world rank>.pid")
     p.add_argument("--report", help="write per-rank reports and the final model here")
     p.add_argument("--drop", metavar="RANK@STEP",
