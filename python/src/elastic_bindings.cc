@@ -207,6 +207,14 @@ Registration reg(kOrderElastic, [](py::module_& m) {
       },
       py::arg("mesh"), py::arg("failed"),
       "PlanRegroup (strata/elastic/membership.h): who leaves and the mesh of the survivors.");
+  m.def(
+      "_elastic_probe_process",
+      [](const std::string& process) {
+        return Unwrap(elastic::ProbeHeartbeatProcess(process), ErrorArea::kElastic);
+      },
+      py::arg("process"),
+      "ProbeHeartbeatProcess (strata/elastic/heartbeat.h): alive, stopped, gone or on another "
+      "host.");
 });
 
 }  // namespace

@@ -15,13 +15,37 @@ from .errors import ElasticError
 # ---- the store --------------------------------------------------------------------
 
 
-def _job_id():
-    env = os.environ
+def _job_id(env=None):
+    env = os.environ if env is None else env
     for key in ("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "SLURM_JOB_ID"):
         if env.get(key):
             suffix = env.get("SLURM_STEP_ID", "") if key == "SLURM_JOB_ID" else ""
+            if key == "PMIX_NAMESPACE":
+                # "prterun-<host>-<pid>@1" names mpirun by its pid, which the
+                # system reuses: with the launcher's start time, a job never
+                # opens the directory an earlier job left behind.
+                pid = env[key].rpartition("@")[0].rpartition("-")[2]
+                suffix = "-" + (_start_ticks(pid) or "0")
             return "".join(c if c.isalnum() or c in "-_." else "_" for c in env[key] + suffix)
     return None
+
+
+def _start_ticks(pid):
+    """Process ``pid``'s start time (/proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _local_store_dir(env=None):
+    """The one-host file store's directory of the job ``env`` describes (a
+    process's environment; this one's by default)."""
+    job = _job_id(env)
+    if job is None:
+        job = f"{os.getpid()}-{_start_ticks(os.getpid())}"
+    return os.path.join(tempfile.gettempdir(), f"strata-elastic-{job}-{os.getuid()}")
 
 
 def _tcp_client(launch, timeout):
@@ -69,8 +93,7 @@ def _store_for(world, options):
     job = _job_id()
     if launch.world_size == 1 or (launch.num_nodes == 1 and launch.local_world_size ==
                                   launch.world_size and job):
-        path = os.path.join(tempfile.gettempdir(),
-                            f"strata-elastic-{job or os.getpid()}-{os.getuid()}")
+        path = _local_store_dir()
         # Local (tmpfs or disk on this host): each step's commit waits on it,
         # so poll it finely (at most 2 ms late instead of 20 ms; 8 ranks
         # waiting read a small file about 4000 times a second).
@@ -116,24 +139,20 @@ def _peek(store, key):
 
 
 def _process_gone(store, prefix, r, epoch):
-    """Whether rank ``r``'s process (named by its latest heartbeat, on this
-    host: the file store is made for one-host jobs) no longer runs."""
+    """Whether rank ``r``'s process, named by its latest heartbeat, no longer
+    runs (the monitors' /proc probe; a process on another host is not
+    taken as gone)."""
     for e in range(epoch, 0, -1):
         beat = _peek(store, f"{prefix}/{e}/hb/{r}")
         if beat is not None:
             break
     else:
         return True  # it never beat: it never got this far
+    _, _, process = beat.partition(" ")
     try:
-        _, host, boot, pid, start = beat.split()
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            if f.read().strip() != boot:
-                return False  # another host: cannot tell, keep the directory
-        with open(f"/proc/{int(pid)}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, ValueError):
-        return True  # /proc/<pid> is gone (or the record unreadable)
-    return fields[19] != start or fields[0] in ("Z", "X", "x")
+        return _strata._elastic_probe_process(process) == "gone"
+    except ElasticError:
+        return True  # not a process record: nothing to wait for
 
 
 def _launcher_warning(launcher, env):

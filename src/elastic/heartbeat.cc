@@ -72,6 +72,11 @@ absl::StatusOr<Detection> DecodeDetection(absl::string_view text) {
   return d;
 }
 
+absl::StatusOr<std::string> ProbeHeartbeatProcess(absl::string_view process) {
+  STRATA_ASSIGN_OR_RETURN(ProcessId id, ProcessId::Decode(process));
+  return std::string(internal::ProbeResultName(internal::Probe(id)));
+}
+
 struct HeartbeatMonitor::Epoch {
   Membership membership;
   Keys keys;

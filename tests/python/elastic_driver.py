@@ -215,10 +215,8 @@ class StoreWatch:
             if url.startswith("file:"):
                 self.directory = url[len("file:"):].replace("//", "/", 1) + "/elastic"
             else:
-                ns = "".join(c if c.isalnum() or c in "-_." else "_"
-                             for c in env["PMIX_NAMESPACE"])
-                self.directory = os.path.join(tempfile.gettempdir(),
-                                              f"strata-elastic-{ns}-{os.getuid()}")
+                from strata._elastic_launch import _local_store_dir
+                self.directory = _local_store_dir(env)
 
     def key(self, epoch, name):
         return f"strata/elastic/{self.job}/{epoch}/{name}"

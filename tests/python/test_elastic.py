@@ -9,10 +9,11 @@ plan from Python."""
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
+import time
 
 import pytest
 import torch
@@ -209,6 +210,42 @@ def test_plan_regroup_from_python():
         strata._strata._elastic_plan_regroup(strata.Mesh(4, tp=2), [0, 3])
 
 
+def _process_record(pid):
+    """The process identity a heartbeat carries: host, boot id, pid, start time."""
+    import socket
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    with open(f"/proc/{pid}/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]
+    return f"{socket.gethostname()} {boot} {pid} {start}"
+
+
+def test_the_heartbeat_process_probe_tells_alive_stopped_and_gone():
+    probe = strata._strata._elastic_probe_process
+    assert probe(_process_record(os.getpid())) == "alive"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = _process_record(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        for _ in range(200):  # the signal is delivered asynchronously
+            if probe(record) == "stopped":
+                break
+            time.sleep(0.01)
+        assert probe(record) == "stopped"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        assert probe(record) == "gone"
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    host, boot, pid, start = _process_record(os.getpid()).split()
+    assert probe(f"{host} {boot} {pid} {int(start) + 1}") == "gone"  # the pid reused
+    assert probe(f"{host} another-boot {pid} {start}") == "on another host"
+    with pytest.raises(strata.ElasticError, match="bad process record 'not a record'"):
+        probe("not a record")
+
+
 # ---- supervise() ----------------------------------------------------------------------------
 
 
@@ -303,7 +340,8 @@ def test_fifty_recoveries_in_one_process_leak_no_threads_fds_or_memory():
     and the job's temporary file store is removed when each run ends.
     (tests/cpp/elastic/loop_test.cc does the same for the C++ loop on 4
     Gloo ranks.)"""
-    store_dir = os.path.join(tempfile.gettempdir(), f"strata-elastic-{os.getpid()}-{os.getuid()}")
+    from strata._elastic_launch import _local_store_dir
+    store_dir = _local_store_dir()  # where a world of one keeps its store
     # Warm up: the plugin, torch's thread pools, allocator arenas. A second
     # run in the same process must not find the first one's keys.
     for _ in range(2):

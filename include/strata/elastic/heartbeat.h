@@ -54,6 +54,12 @@ namespace strata::elastic {
 STRATA_EXPORT std::string EncodeDetection(const Detection& d);
 STRATA_EXPORT absl::StatusOr<Detection> DecodeDetection(absl::string_view text);
 
+// What /proc says of the process a heartbeat names (the text after the
+// heartbeat's sequence number): "alive", "stopped", "gone" (exited, a
+// zombie, or its pid reused) or "on another host". InvalidArgument for a
+// record that is not a process identity.
+STRATA_EXPORT absl::StatusOr<std::string> ProbeHeartbeatProcess(absl::string_view process);
+
 class STRATA_EXPORT HeartbeatMonitor {
  public:
   struct Config {
