@@ -257,6 +257,9 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
     }
   };
   STRATA_ASSIGN_OR_RETURN(strata::elastic::LoopResult result, loop->Run(cb, 0, o.steps));
+  // With the default LeavePolicy::kExit a rank whose replica was dropped
+  // ended its process inside Run (saying why, status 0); with kReturn it
+  // would arrive here and must end its process without MPI_Finalize.
   if (result.left) {
     std::fprintf(stderr, "[rank %d] leaves the job: its data-parallel replica was dropped\n",
                  env.rank);

@@ -2,6 +2,8 @@
 #include "strata/elastic/elastic_loop.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -348,6 +350,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     std::lock_guard<std::mutex> lock(epoch_mu_);
     membership_ = next;  // no longer a member: the monitor keeps its last epoch
     epoch_.store(next.epoch);
+    if (options_.leave == LeavePolicy::kExit) ExitLeavingRank(event);
     return Recovery{Outcome::kLeave, std::move(event)};
   }
 
@@ -415,6 +418,21 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   event.first_collective = event.rebuilt_at - barrier_start;
   event.rebuild = NonNegative(event.rebuilt_at - decided_at);
   return Recovery{Outcome::kContinue, std::move(event)};
+}
+
+// A leaving rank ends its process at once, without MPI_Finalize (which
+// would wait for the ranks that go on, and for the dead): the survivors'
+// shrink waits for every excluded rank to be gone (CommOptions::
+// excluded_exit_wait), and under ULFM an exited process is a failed one.
+void ElasticLoop::ExitLeavingRank(const RecoveryEvent& event) {
+  std::fprintf(stderr,
+               "strata.elastic: rank %d leaves the job: its data-parallel replica lost rank(s) "
+               "[%s] and was dropped (epoch %llu, the others go on as %s); exiting with status 0\n",
+               rank_, absl::StrJoin(event.failed, ", ").c_str(),
+               static_cast<unsigned long long>(event.epoch_after),
+               DescribeMesh(event.mesh_after).c_str());
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 absl::StatusOr<bool> ElasticLoop::AllShrunk(const Membership& next, bool shrunk) {

@@ -27,9 +27,11 @@
 // new mesh), and a barrier over the new world. A failure during a recovery
 // starts it again with the next epoch (at most options.max_attempts).
 //
-// Live ranks of a dropped replica leave (Recover returns kLeave): they take
-// no part in the shrink. A rank the decision takes as failed (it was hung
-// and resumed) gets Aborted from Recover; a minority partition gets
+// Live ranks of a dropped replica leave: they take no part in the shrink;
+// with LeavePolicy::kExit (the default) Recover ends their process, with
+// kReturn it returns kLeave and the caller must end it soon, without
+// MPI_Finalize (the survivors' shrink waits for them to be gone). A rank the decision takes as
+// failed (it was hung and resumed) gets Aborted from Recover; a minority partition gets
 // FailedPrecondition naming the counts; so does a mesh without a complete
 // replica, and a rank that cannot reach the store (from Commit or Recover,
 // naming the store and the epoch's members: it cannot learn the decision).
@@ -191,6 +193,7 @@ class STRATA_EXPORT ElasticLoop {
   // shrink succeeded; returns only once every member is past its shrink (or
   // the epoch's alarm says one was lost), so that no member starts the
   // next attempt's shrink while another is still inside this one.
+  [[noreturn]] void ExitLeavingRank(const RecoveryEvent& event);
   absl::StatusOr<bool> AllShrunk(const Membership& next, bool shrunk);
 
   World& world_;

@@ -20,8 +20,10 @@ namespace strata::elastic {
 
 // What the live ranks of a dropped replica do.
 enum class LeavePolicy : uint8_t {
-  // Leave the job: Recover returns Outcome::kLeave; Python's run() prints
-  // why and exits the process with status 0.
+  // Leave the job: Recover prints why and ends the process with status 0
+  // (std::_Exit: no MPI_Finalize, which would wait for the ranks that go
+  // on, and the survivors' shrink waits for the excluded ranks to be gone).
+  // Python's run() does the same after closing its store.
   kExit,
   // Return Outcome::kLeave to the caller, who decides (a spare, issue 25).
   kReturn,

@@ -65,7 +65,8 @@ ElasticOptions TestOptions() {
   o.decision_timeout = absl::Seconds(10);
   o.rebuild_timeout = absl::Seconds(20);
   o.commit_timeout = absl::Seconds(30);
-  o.probe_processes = false;  // ranks are threads of this process
+  o.probe_processes = false;       // ranks are threads of this process
+  o.leave = LeavePolicy::kReturn;  // kExit would end the whole test process
   return o;
 }
 
