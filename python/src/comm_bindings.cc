@@ -42,6 +42,7 @@
 #include "strata/comm/backend.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/launch_env.h"
+#include "strata/observe/flight_recorder.h"
 #include "strata/parallel/world.h"
 
 namespace py = pybind11;
@@ -537,6 +538,40 @@ Registration reg(kOrderWorld, [](py::module_& m) {
             return Unwrap(w.With([&](World& x) { return x.DumpTrace(reason); }), ErrorArea::kComm);
           },
           py::arg("reason"))
+      .def(
+          "recorded_ops",
+          [](const PyWorld& w, int64_t since_ns) {
+            // The flight recorder's entries that ended at or after
+            // `since_ns` (or have not ended), oldest first: strata.timeline
+            // turns them into spans.
+            const std::vector<observe::RecordedOp> ops = w.With([](World& x) {
+              std::shared_ptr<observe::FlightRecorder> fr = x.flight_recorder();
+              return fr != nullptr ? fr->Snapshot() : std::vector<observe::RecordedOp>{};
+            });
+            py::list out;
+            for (const observe::RecordedOp& e : ops) {
+              const observe::OpRecord& r = e.record;
+              if (r.state == observe::OpState::kCompleted && r.time_completed_ns < since_ns) {
+                continue;
+              }
+              py::dict d;
+              d["group"] = r.comm != nullptr ? r.comm->name : "";
+              d["backend"] = r.comm != nullptr ? r.comm->backend : "";
+              d["op"] = observe::OpKindName(r.kind);
+              d["state"] = observe::OpStateName(r.state);
+              d["seq"] = r.collective_seq_id;
+              d["created_ns"] = r.time_created_ns;
+              d["started_ns"] = r.time_started_ns;
+              d["completed_ns"] = r.time_completed_ns;
+              d["bytes"] = (r.kind == observe::OpKind::kRecv ? r.output_count : r.input_count) *
+                           DataTypeSize(r.dtype);
+              d["peer"] = r.peer;
+              d["ok"] = r.status.ok();
+              out.append(std::move(d));
+            }
+            return out;
+          },
+          py::arg("since_ns"))
       .def(
           "request_trace_dump",
           [](const PyWorld& w, const std::string& reason) {

@@ -62,6 +62,7 @@ __all__ = [
     "errors",
     "metrics",
     "pipeline",
+    "timeline",
     "topology",
     "Error",
     "InvalidArgument",

@@ -227,24 +227,33 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
-        t0 = time.perf_counter()
+        t0, t0_ns = time.perf_counter(), time.time_ns()
         try:
             self._save(state, step, optimizer_step, data_loader, mesh)
         finally:
+            timeline = getattr(self._placement.world, "timeline", None)
+            if timeline is not None:
+                timeline._checkpoint_staged(step, t0_ns, time.time_ns())
             if self._metrics is not None:
                 self._metrics.record_checkpoint_blocked(time.perf_counter() - t0)
-                self._account()
+            self._account()
 
     def _account(self):
         """Adds the bytes of a save committed since the last look to
-        strata_checkpoint_write_bytes_total."""
-        if self._metrics is None:
+        strata_checkpoint_write_bytes_total, and its write and commit to
+        the world's timeline."""
+        timeline = getattr(self._placement.world, "timeline", None)
+        if self._metrics is None and timeline is None:
             return
         st = self._impl.status()
         last = st.get("last_committed_step")
         if last is not None and last >= 0 and last != self._accounted_step:
             self._accounted_step = last
-            self._metrics.record_checkpoint_write(st.get("bytes_written") or 0)
+            if self._metrics is not None:
+                self._metrics.record_checkpoint_write(st.get("bytes_written") or 0)
+            if timeline is not None and st.get("last_step") == last:
+                timeline._checkpoint_written(last, st.get("write_seconds") or 0.0,
+                                             st.get("commit_seconds") or 0.0)
 
     def _save(self, state, step, optimizer_step, data_loader, mesh):
         world = self._placement.world

@@ -446,6 +446,7 @@ class World:
         self._groups = {}
         self.metrics = None  # the strata.metrics.Metrics of strata.init
         self._own_metrics = False  # made by strata.init (closed with the world)
+        self.timeline = None  # a strata.timeline.Timeline made with world=this world
         _live_worlds.add(self)
 
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")

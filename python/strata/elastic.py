@@ -55,6 +55,7 @@ torchrun, call :func:`supervise` first thing in the script, so that a rank
 that is killed does not make torchrun stop every other worker.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -421,6 +422,7 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                               f"{type(state).__name__}")
     c = Controller(world, state, options, on_world_changed)
     metrics = getattr(world, "metrics", None)  # strata.metrics: each step is marked here
+    timeline = getattr(world, "timeline", None)  # strata.timeline: so is each step there
     try:
         while state.step < steps:
             try:
@@ -430,11 +432,12 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                 c.fail_step(ctx, e)
             else:
                 try:
-                    if metrics is None:
+                    with contextlib.ExitStack() as marks:
+                        if metrics is not None:
+                            marks.enter_context(metrics.step())
+                        if timeline is not None:
+                            marks.enter_context(timeline.step(state.step))
                         loss = train_step(ctx)
-                    else:
-                        with metrics.step():
-                            loss = train_step(ctx)
                 except StepAborted:
                     pass
                 except (CommError, PipelineError) as e:  # a pipeline step's peer failed
@@ -447,6 +450,8 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                     return Result(state.step, c.events, left=True, epoch=c.epoch)
                 if metrics is not None:
                     _record_recovery(metrics, event)
+                if timeline is not None:
+                    timeline._recovery(event)
         return Result(state.step, c.events, left=False, epoch=c.epoch)
     finally:
         c.close()

@@ -344,6 +344,9 @@ class _PipelineSchedule:
                     self.stats = self._runner.step(self._forward, self._backward,
                                                    self._allocate)
             ok = True
+            timeline = getattr(world, "timeline", None)
+            if timeline is not None:
+                timeline._pipeline_step(self.stats, self.schedule.name)
         finally:
             self._inputs = self._targets = None
             self.peak_live_activations = self._live.peak
