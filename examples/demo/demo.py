@@ -13,8 +13,13 @@ end the measured pipeline bubble. Before it, briefly:
   4. the bus bandwidth of a 64 MiB allreduce over all ranks.
 Then 5. the training (examples/demo/train_gpt.py), saving a checkpoint
 asynchronously every 100 steps and printing how long training was blocked,
-and 6. the last checkpoint reloaded under another split (dp4 x tp2), with the
-loss on a fixed batch compared (examples/demo/demo_checkpoint.py).
+serving its metrics (Prometheus, with MFU) and writing them as .prom files,
+recording a timeline of steps 2, 3 and 100 (Chrome trace / Perfetto JSON)
+and drawing the pipeline schedule, simulated and as measured, as PNG
+pictures, all into the output folder (examples/demo/demo_observe.py), with a
+summary table at the end; 6. the last checkpoint reloaded under another
+split (dp4 x tp2), with the loss on a fixed batch compared
+(examples/demo/demo_checkpoint.py).
 """
 
 import os
@@ -28,6 +33,7 @@ import strata
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import demo_checkpoint  # noqa: E402
+import demo_observe  # noqa: E402
 import train_gpt  # noqa: E402
 
 AXES = ["tp", "pp", "dp", "world"]
@@ -108,12 +114,15 @@ def main():
     mesh = strata.Mesh(env.world_size, tp=tp, pp=pp, ranks_per_node=env.local_world_size)
     show_mesh(env, mesh)
     torch.set_num_threads(1)  # ranks outnumber cores here
-    with strata.init(mesh, timeout=300) as world:
+    with strata.init(mesh, timeout=300, metrics=demo_observe.make_metrics()) as world:
         show_group_sums(world)
         show_busbw(world)
         checkpoints = demo_checkpoint.DemoCheckpoints(world)
-        first, last = train_gpt.train(world, steps=TRAIN_STEPS, checkpoints=checkpoints)
+        observe = demo_observe.Observe(world, TRAIN_STEPS)
+        first, last, schedule = train_gpt.train(world, steps=TRAIN_STEPS, checkpoints=checkpoints,
+                                                observe=observe)
         checkpoints.close()
+        observe.finish(schedule, checkpoints.blocked)
     if env.rank == 0 and not last < first:
         raise SystemExit(f"demo: the loss did not fall ({first:.3f} -> {last:.3f})")
     if checkpoints.reference is None:  # ZeRO-1 (STRATA_DEMO_ZERO=1): no plain AdamW saved

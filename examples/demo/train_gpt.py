@@ -19,6 +19,7 @@ pipeline bubble measured from every rank's busy time next to the
 theoretical one.
 """
 
+import contextlib
 import glob
 import os
 import sys
@@ -57,7 +58,7 @@ def bar(fraction, width=24):
 
 
 def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2, lr=3e-3,
-          microbatches=4, checkpoints=None, zero=None):
+          microbatches=4, checkpoints=None, zero=None, observe=None):
     if zero is None:
         zero = os.environ.get("STRATA_DEMO_ZERO", "0") == "1"
     tp, dp, pp = world.group("tp"), world.group("dp"), world.group("pp")
@@ -79,6 +80,8 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
     n_params = torch.tensor([sum(p.numel() for p in params)])
     pp.all_reduce(n_params)
     tokens_per_step = seq * batch_size * dp.size
+    if observe is not None:  # examples/demo/demo_observe.py: metrics, MFU, timeline
+        observe.start(model, seq, seq * batch_size)
     if world.rank == 0:
         print(f"\nTraining a {layers}-layer GPT ({hidden} hidden, {heads} heads, "
               f"{int(n_params):,} parameters on each tp rank) on {len(text):,} bytes of "
@@ -99,19 +102,20 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
     busy = elapsed = 0.0  # this rank's time in the stage's compute, and in steps
     start = last = time.perf_counter()
     for step in range(1, steps + 1):
-        ids, targets = batch(text, step, dp.rank, seq, batch_size)
-        opt.zero_grad(set_to_none=False)
-        losses = schedule.step(ids.t(), targets.t())  # batch-first: split by rows
-        busy += schedule.stats.busy_seconds
-        elapsed += schedule.stats.step_seconds
-        opt.step()  # the schedule's step averaged the gradients over dp
-        sched.step()
-        if checkpoints is not None and not zero:  # examples/demo/demo_checkpoint.py
-            checkpoints.after_step(
-                step, steps, model, opt, sched,
-                dict(seq=seq, hidden=hidden, heads=heads, layers=layers, lr=lr, steps=steps,
-                     pp=pp.size),
-                fixed_loss=lambda ids, targets: stage_loss(model, pp, ids, targets))
+        with observe.step(step) if observe is not None else contextlib.nullcontext():
+            ids, targets = batch(text, step, dp.rank, seq, batch_size)
+            opt.zero_grad(set_to_none=False)
+            losses = schedule.step(ids.t(), targets.t())  # batch-first: split by rows
+            busy += schedule.stats.busy_seconds
+            elapsed += schedule.stats.step_seconds
+            opt.step()  # the schedule's step averaged the gradients over dp
+            sched.step()
+            if checkpoints is not None and not zero:  # examples/demo/demo_checkpoint.py
+                checkpoints.after_step(
+                    step, steps, model, opt, sched,
+                    dict(seq=seq, hidden=hidden, heads=heads, layers=layers, lr=lr, steps=steps,
+                         pp=pp.size),
+                    fixed_loss=lambda ids, targets: stage_loss(model, pp, ids, targets))
         # The last stage holds the losses: sum over pp (the others add 0).
         shown = torch.tensor([sum(l.item() for l in losses) / len(losses) if losses else 0.0])
         pp.all_reduce(shown)
@@ -159,7 +163,7 @@ def train(world, steps=300, seq=64, batch_size=8, hidden=128, heads=4, layers=2,
               f"{theory:.3f}", flush=True)
         print(f"the model continues 'strata ' with: {continuation!r}", flush=True)
     sys.stdout.flush()
-    return first, shown.item()
+    return first, shown.item(), schedule
 
 
 def measured_bubble(world, busy, elapsed):

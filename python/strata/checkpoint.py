@@ -227,6 +227,7 @@ class AsyncCheckpointer:
         recorded in the manifest's training state (``data_loader`` per
         rank); ``mesh`` is a ``strata.Mesh`` to record (default: the world's).
         """
+        self._account()  # the previous save, while its figures are the last ones
         t0, t0_ns = time.perf_counter(), time.time_ns()
         try:
             self._save(state, step, optimizer_step, data_loader, mesh)

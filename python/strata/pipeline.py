@@ -14,6 +14,7 @@ Its text form has one line per rank::
 >>> r = s.simulate(backward=2.0)      # F costs 1, B costs 2
 >>> r.makespan, r.bubble_fraction[0]  # (33.0, 3/11)
 >>> print(s.grid())                   # rank x timestep picture
+>>> pipeline.save_picture(s, "1f1b.png")   # the same as a PNG
 >>> pipeline.parse(s.to_text()) == s
 True
 
@@ -74,6 +75,28 @@ def simulate(schedule, **kwargs):
 def render_grid(schedule, result, *, unit=None, begin=0.0, end=None):
     """The rank x timestep grid of a simulation result."""
     return _core.render_grid(schedule, result, unit=unit, begin=begin, end=end)
+
+
+def save_picture(schedule, path, *, result=None, rows=None, title=None, unit=None, **costs):
+    """Draws one step of ``schedule`` as a PNG picture at ``path`` (one row
+    per rank, a box per forward / backward action labeled with its
+    microbatch, idle time left blank) and returns ``path``.
+
+    By default the step is simulated (``costs`` as for :func:`simulate`;
+    time in cost units); pass a :class:`SimulationResult` as ``result``, or
+    measured ``rows`` (``rows[r]``: rank r's ``(token, start, end)`` in
+    seconds, e.g. ``StepStats.timings`` gathered from the ranks).
+    Pure Python: no plotting library is needed."""
+    from ._picture import render_schedule_png
+    if rows is None:
+        if result is None:
+            result = schedule.simulate(**costs)
+        rows = [list(zip(schedule.actions(r), (t[0] for t in result.timeline[r]),
+                         (t[1] for t in result.timeline[r])))
+                for r in range(schedule.num_ranks)]
+        unit = unit or "steps"
+    name = getattr(schedule, "name", "pipeline")
+    return render_schedule_png(rows, str(path), title=title or name, unit=unit or "s")
 
 
 def bubble_fraction(kind, *, num_ranks, num_microbatches, virtual_stages=1):

@@ -336,3 +336,25 @@ def test_errors_name_the_problem(tmp_path, rows, message):
     with pytest.raises(ValueError, match=message):
         pic.render_schedule_png(rows, path)
     assert not path.exists() and leftovers(tmp_path) == []
+
+
+def data(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_pipeline_save_picture_draws_the_simulated_or_given_step(tmp_path):
+    # strata.pipeline.save_picture: by default the schedule simulated with
+    # the given costs, in cost units; with rows=, what was measured.
+    s = pipeline.generate("1f1b", num_ranks=3, num_microbatches=5)
+    got = pipeline.save_picture(s, tmp_path / "a.png", backward=2.0)
+    want = pic.render_schedule_png(rows_of(s, s.simulate(backward=2.0)), str(tmp_path / "b.png"),
+                                   title=s.name, unit="steps")
+    assert got == str(tmp_path / "a.png")
+    assert read_png(got).width > 0 and data(got) == data(want)
+    measured = [[(tok, a * 0.01, b * 0.01) for tok, a, b in row]
+                for row in rows_of(s, s.simulate())]
+    m = pipeline.save_picture(s, tmp_path / "m.png", rows=measured, title="measured")
+    assert data(m) == data(pic.render_schedule_png(measured, str(tmp_path / "n.png"),
+                                                   title="measured", unit="s"))
+    assert data(m) != data(got)
