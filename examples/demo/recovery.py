@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,8 +87,12 @@ def main(argv=None):
     # --lr: the example's loss sums the squared errors over its 64 outputs
     # (not their mean), so its default 0.05 is 64x too large for this
     # width and diverges within 10 steps, failure or not.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import demo_observe
+    timeline_dir = os.path.join(demo_observe.OUT, "recovery-timeline")
+    shutil.rmtree(timeline_dir, ignore_errors=True)
     example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1",
-                    "--lr", str(args.lr)]
+                    "--lr", str(args.lr), "--timeline", timeline_dir]
     cmd = command(args.launcher, args.np, args.mpirun, example_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     print("\n== 7. In-process recovery: a rank is killed from outside while the model trains\n"
@@ -179,6 +184,20 @@ def show_figures(rec, t_kill, losses, killed_at_step):
     print(f"  phases: detect {rec['detect_s']:.3f} s, agree {rec['agree_s']:.3f} s, rebuild "
           f"{rec['rebuild_s']:.3f} s, restore {rec['restore_s']:.3f} s (docs/elastic.md; "
           "benchmarks/RESULTS.md has the medians over 10 kills and the peers)", flush=True)
+    # The demo's summary table (examples/demo/demo_observe.py), with this act's figure.
+    import demo_observe
+    import strata.timeline
+    try:
+        merged, ranks = strata.timeline.merge(os.path.join(demo_observe.OUT, "recovery-timeline"))
+        print(f"\ntimeline of the survivors ({len(ranks)} ranks; every step, the failed one, the "
+              f"recovery's phases): {merged}", flush=True)
+    except (strata.InvalidArgument, OSError) as e:
+        print(f"\nno timeline: {e}", flush=True)
+    if cause.get("failed_at"):
+        demo_observe.record_recovery(t_step - t_kill, {
+            k: rec.get(k) for k in ("detect_s", "agree_s", "rebuild_s", "restore_s", "failed",
+                                    "epoch")})
+    demo_observe.print_summary()
 
 
 if __name__ == "__main__":

@@ -85,6 +85,9 @@ def parse(argv=None):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--pid-dir", help="write this rank's pid to DIR/<world rank>.pid")
     p.add_argument("--report", help="write per-rank reports and the final model here")
+    p.add_argument("--timeline", metavar="DIR",
+                   help="record every step and recovery as a Chrome trace per rank in DIR "
+                        "(strata.timeline; python -m strata.timeline DIR merges them)")
     p.add_argument("--drop", metavar="RANK@STEP",
                    help="a planned membership change without a failure: at step STEP, rank "
                         "RANK's replica leaves (the reference of the fault tests)")
@@ -445,8 +448,11 @@ def main(argv=None):
         n = sum(p.numel() for p in params)
         print(f"strata elastic example: {world.mesh!r}, {n:,} parameters on rank 0, "
               f"{args.steps} steps of {args.batch} samples", file=sys.stderr, flush=True)
+    timeline = strata.timeline.Timeline(args.timeline, world=world) if args.timeline else None
     result = elastic.run(train_step, state, world, options, steps=args.steps,
                          on_world_changed=on_world_changed)
+    if timeline is not None:
+        timeline.close()
     if args.report:
         write_report(args.report, launch.rank, world, state, result, params, model)
     elastic.shutdown(world, result)
