@@ -1,7 +1,8 @@
 """What the demo shows of the job seen from inside (docs/observability.md):
 metrics served over HTTP and written as .prom files while it trains, MFU,
 a timeline of a few steps (Chrome trace / Perfetto JSON), the pipeline
-schedule as pictures (simulated and measured), and a closing summary table.
+schedule as pictures (simulated and measured), the straggler report, and a
+closing summary table.
 
 Everything lands in the output folder: $STRATA_DEMO_OUT, else
 build/demo-out of the repository.
@@ -96,6 +97,10 @@ class Observe:
         and the summary table. Collective."""
         world = self.world
         self.timeline.close()
+        # Which ranks were slow, by compute time (step less the time blocked
+        # in collectives) and by collective wait: the cluster view's
+        # figures, gathered with one all-gather.
+        stragglers = world.metrics.straggler_report()
         # The dp all-reduces still in the flight recorder (its last 2000
         # operations), for their P95.
         ops = world._raw.recorded_ops(0)
@@ -133,6 +138,7 @@ class Observe:
         }
         with open(SUMMARY, "w") as f:
             json.dump(summary, f, indent=1)
+        print(f"\n{stragglers}", flush=True)
         print(f"\ntimeline of steps {self.timeline_steps} ({len(ranks)} ranks): {merged} "
               "(open it in ui.perfetto.dev)", flush=True)
         print(f"pipeline pictures: {simulated}, {measured}", flush=True)

@@ -66,10 +66,13 @@ Registration reg(kOrderBase, [](py::module_& m) {
       .def("stop_serving", &Metrics::StopServing, py::call_guard<py::gil_scoped_release>())
       .def(
           "record_step",
-          [](Metrics& x, double seconds, int64_t tokens, double data_wait) {
-            x.RecordStep({absl::Seconds(seconds), tokens, absl::Seconds(data_wait)});
+          [](Metrics& x, double seconds, int64_t tokens, double data_wait, double collective_wait) {
+            x.RecordStep({absl::Seconds(seconds), tokens, absl::Seconds(data_wait),
+                          absl::Seconds(collective_wait)});
           },
-          py::arg("seconds"), py::arg("tokens"), py::arg("data_wait"))
+          py::arg("seconds"), py::arg("tokens"), py::arg("data_wait"),
+          py::arg("collective_wait") = 0.0)
+      .def("collective_wait_seconds", &Metrics::CollectiveWaitSeconds)
       .def("record_checkpoint_blocked",
            [](Metrics& x, double s) { x.RecordCheckpointBlocked(absl::Seconds(s)); })
       .def("record_checkpoint_write", &Metrics::RecordCheckpointWrite)

@@ -33,10 +33,12 @@ torchtitan and nanoGPT do (6N + 12 L H Q T).
 """
 
 import contextlib
+import socket
+import sys
 import time
 import weakref
 
-from . import _strata
+from . import _strata, _stragglers
 from .errors import InvalidArgument
 
 __all__ = [
@@ -118,7 +120,7 @@ class _Step:
     ``tokens`` inside when the count is known late; ``data_wait()`` times
     the wait for input."""
 
-    __slots__ = ("_metrics", "tokens", "_data_wait", "_t0", "_outer")
+    __slots__ = ("_metrics", "tokens", "_data_wait", "_t0", "_outer", "_w0")
 
     def __init__(self, metrics, tokens, data_wait):
         self._metrics = metrics
@@ -140,6 +142,7 @@ class _Step:
         self._outer = m._active
         if self._outer is None:
             m._active = self
+        self._w0 = m._raw.collective_wait_seconds()
         self._t0 = time.perf_counter()
         return self
 
@@ -153,7 +156,8 @@ class _Step:
             return False
         m._active = None
         if exc_type is None:  # a step that raised did not happen
-            m._raw.record_step(seconds, int(self.tokens), self._data_wait)
+            m._raw.record_step(seconds, int(self.tokens), self._data_wait,
+                               m._raw.collective_wait_seconds() - self._w0)
             m._after_step()
         return False
 
@@ -213,19 +217,32 @@ class Metrics:
     :func:`peak_flops`). ``cluster_every``: publish the cluster view every
     so many steps over ``group`` (default: the world of the
     :func:`strata.init` that made this registry); collective, so every rank
-    must use the same value. Bad values raise :class:`strata.InvalidArgument`;
-    a port that is taken raises :class:`strata.Error` naming it."""
+    must use the same value. ``straggler_report``: each time the cluster
+    view is published, rank 0 also makes the straggler report
+    (:meth:`straggler_report`; printed to stderr when True, handed to the
+    callable when one is given). Bad values raise
+    :class:`strata.InvalidArgument`; a port that is taken raises
+    :class:`strata.Error` naming it."""
 
     def __init__(self, job="strata", rank=None, *, port=None, file=None,
                  bind_address="127.0.0.1", flops_per_token=None, peak_flops=None,
                  step_buckets=None, collective_buckets=None, cluster_every=None, group=None,
-                 write_interval=10.0, env=None):
+                 write_interval=10.0, straggler_report=False,
+                 straggler_factor=_stragglers.FACTOR, env=None):
         global _latest
         launch = _strata.launch_env(env)
         if rank is None:
             rank = launch.rank
         if cluster_every is not None and (not isinstance(cluster_every, int) or cluster_every < 1):
             raise InvalidArgument(f"cluster_every must be a positive int, got {cluster_every!r}")
+        if not (straggler_report is True or straggler_report is False
+                or callable(straggler_report)):
+            raise InvalidArgument(f"straggler_report must be True, False or a callable, got "
+                                  f"{straggler_report!r}")
+        if isinstance(straggler_factor, bool) or not isinstance(straggler_factor, (int, float)) \
+                or not straggler_factor > 1:
+            raise InvalidArgument(f"straggler_factor must be a number > 1, got "
+                                  f"{straggler_factor!r}")
         if flops_per_token and peak_flops is None:
             peak_flops = globals()["peak_flops"]()
             if peak_flops is None:
@@ -243,6 +260,11 @@ class Metrics:
         self._write_interval = write_interval
         self._last_write = time.monotonic()
         self._closed = False
+        self._straggler_report = straggler_report
+        self._straggler_factor = float(straggler_factor)
+        self._where = None  # (hosts, local ranks) of the group's ranks, gathered once
+        self._published_at = 0  # steps at the previous publish_cluster
+        self.last_report = None  # rank 0: the last straggler report (a dict)
         _latest = weakref.ref(self)
 
     rank = property(lambda self: self._raw.rank, doc="The rank label.")
@@ -324,7 +346,9 @@ class Metrics:
     def publish_cluster(self, group=None):
         """Gathers every rank's figures over ``group`` (default: the one
         given at construction, else the world's root) and publishes the
-        cluster view on its rank 0. Collective over the group."""
+        cluster view on its rank 0 (with the straggler report in
+        :attr:`last_report`). Collective over the group. Returns whether
+        this rank is the group's rank 0."""
         import torch
 
         group = group or self._group
@@ -338,8 +362,36 @@ class Metrics:
         mine = torch.tensor(sample, dtype=torch.float64, device=device)
         every = torch.empty(group.size * len(sample), dtype=torch.float64, device=device)
         group.all_gather(every, mine)
+        if self._where is None or len(self._where[0]) != group.size:
+            self._where = _gather_where(group, device)
+        first, self._published_at = self._published_at + 1, self._steps
         if group.rank == 0:
-            self._raw.set_cluster_view(every.view(group.size, len(sample)).tolist())
+            samples = every.view(group.size, len(sample)).cpu().tolist()
+            self._raw.set_cluster_view(samples)
+            self.last_report = _stragglers.analyze(
+                samples, cluster_figure_names(), *self._where, factor=self._straggler_factor,
+                first_step=first, last_step=self._steps)
+            if self._straggler_report is True:
+                print(f"strata: {_stragglers.format_report(self.last_report)}",
+                      file=sys.stderr, flush=True)
+            elif callable(self._straggler_report):
+                self._straggler_report(self.last_report)
+        return group.rank == 0
+
+    def straggler_report(self, group=None, *, top=3):
+        """Publishes the cluster view now (collective over ``group``, as
+        :meth:`publish_cluster`) and returns, on the group's rank 0, the
+        straggler report as text (the slowest ranks by compute time and by
+        collective wait, with host, local rank, their ratio to the median
+        and to the P95 of the others, and which ranks exceed
+        ``straggler_factor`` x that P95); None on the other ranks.
+        :attr:`last_report` holds the same as a dict. The figures are the
+        cluster view's (``strata_cluster_compute_seconds`` and
+        ``strata_cluster_collective_wait_seconds``, with the rank holding the
+        max): over the steps since the previous publication."""
+        if not self.publish_cluster(group):
+            return None
+        return _stragglers.format_report(self.last_report, top=top)
 
     def close(self):
         """Writes the file a last time and stops serving over HTTP (the
@@ -374,3 +426,22 @@ def step(tokens=0, data_wait=0.0, *, metrics=None):
         raise InvalidArgument("strata.metrics.step: no strata.metrics.Metrics exists; create "
                               "one (strata.metrics.Metrics()) or call strata.init() first")
     return m.step(tokens, data_wait)
+
+
+def _gather_where(group, device):
+    """(hosts, local ranks) of every rank of ``group``: one all-gather of a
+    fixed-size record per rank (done once per group size)."""
+    import torch
+
+    width = 64
+    name = socket.gethostname().encode()[:width - 1]
+    local = _strata.launch_env().local_rank
+    mine = torch.zeros(width + 1, dtype=torch.int64, device=device)
+    mine[:len(name)] = torch.tensor(list(name), dtype=torch.int64)
+    mine[width] = local
+    every = torch.empty(group.size * (width + 1), dtype=torch.int64, device=device)
+    group.all_gather(every, mine)
+    rows = every.view(group.size, width + 1).cpu().tolist()
+    hosts = [bytes(c for c in row[:width] if c).decode(errors="replace") for row in rows]
+    return hosts, [int(row[width]) for row in rows]
+

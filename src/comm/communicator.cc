@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -152,7 +153,18 @@ absl::StatusOr<Communicator::ResolvedOptions> Communicator::Resolve(const OpCall
 template <typename T>
 absl::StatusOr<T> Communicator::Finish(absl::StatusOr<T> result, const ResolvedOptions& resolved) {
   if (!result.ok() && resolved.trace != nullptr) resolved.trace->Completed(result.status());
+  if constexpr (std::is_same_v<T, std::unique_ptr<Work>>) {
+    if (result.ok() && *result != nullptr) (*result)->AttachTrace(resolved.trace);
+  }
   return result;
+}
+
+absl::Status Work::Wait(absl::Time deadline) {
+  if (trace_ == nullptr) return DoWait(deadline);
+  const int64_t start = absl::GetCurrentTimeNanos();
+  absl::Status status = DoWait(deadline);
+  trace_->Waited(absl::GetCurrentTimeNanos() - start);
+  return status;
 }
 
 // ---- collectives --------------------------------------------------------------

@@ -66,6 +66,9 @@ class Sink : public OpSink {
   explicit Sink(std::shared_ptr<Core> core) : core_(std::move(core)) {}
   void OnScheduled(const OpRecord&) override {}
   void OnCompleted(const OpRecord& record) override { core_->OnCompleted(record); }
+  void OnWaited(const CommRecord& comm, OpKind, int64_t waited_ns) override {
+    core_->OnWaited(comm, waited_ns);
+  }
 
  private:
   const std::shared_ptr<Core> core_;
@@ -104,6 +107,15 @@ void Core::OnCompleted(const OpRecord& r) {
   window.collective_seconds += seconds;
 }
 
+void Core::OnWaited(const CommRecord& comm, int64_t waited_ns) {
+  if (waited_ns <= 0) return;
+  wait_ns_total.fetch_add(waited_ns, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, inserted] = waits.try_emplace(comm.name, nullptr);
+  if (inserted) it->second = &collective_wait->Add({{"group", comm.name}});
+  it->second->Increment(static_cast<double>(waited_ns) * 1e-9);
+}
+
 void RegisterBuiltins(Core& c) {
   auto& reg = *c.registry;
   const auto& base = c.base;
@@ -135,6 +147,19 @@ void RegisterBuiltins(Core& c) {
                      .Labels(base)
                      .Register(reg)
                      .Add({}, step_buckets);
+  c.step_compute = &prometheus::BuildHistogram()
+                        .Name("strata_step_compute_seconds")
+                        .Help(
+                            "Step time minus the time the step was blocked waiting for "
+                            "collectives (Work::Wait): this rank's own work")
+                        .Labels(base)
+                        .Register(reg)
+                        .Add({}, step_buckets);
+  c.collective_wait = &prometheus::BuildCounter()
+                           .Name("strata_collective_wait_seconds_total")
+                           .Help("Time callers were blocked waiting for operations to complete")
+                           .Labels(base)
+                           .Register(reg);
   c.collective_duration =
       &prometheus::BuildHistogram()
            .Name("strata_collective_duration_seconds")
@@ -279,6 +304,9 @@ void Metrics::RecordStep(const StepSample& step) {
   c.step->Observe(seconds);
   if (step.data_wait > absl::ZeroDuration())
     c.data_wait->Observe(absl::ToDoubleSeconds(step.data_wait));
+  const double waited = std::min(seconds, absl::ToDoubleSeconds(step.collective_wait));
+  const double compute = std::max(0.0, seconds - std::max(0.0, waited));
+  c.step_compute->Observe(compute);
   std::lock_guard<std::mutex> lock(c.mu);
   c.totals.steps += 1;
   c.totals.step_seconds += seconds;
@@ -287,6 +315,8 @@ void Metrics::RecordStep(const StepSample& step) {
   c.window.step_seconds += seconds;
   c.window.tokens += static_cast<double>(step.tokens);
   c.window.data_wait_seconds += absl::ToDoubleSeconds(step.data_wait);
+  c.window.compute_seconds += compute;
+  c.window.collective_wait_seconds += seconds - compute;
   if (step.tokens > 0 && seconds > 0) {
     const double tps = static_cast<double>(step.tokens) / seconds;
     c.totals.tokens_per_second = tps;
@@ -395,6 +425,10 @@ absl::Status Metrics::HistogramObserve(absl::string_view name, absl::string_view
   // Add returns the existing histogram for the same labels: its buckets win.
   (*f)->Add({}, buckets).Observe(value);
   return absl::OkStatus();
+}
+
+double Metrics::CollectiveWaitSeconds() const {
+  return static_cast<double>(impl_->core->wait_ns_total.load(std::memory_order_relaxed)) * 1e-9;
 }
 
 Metrics::Totals Metrics::totals() const {

@@ -3,6 +3,7 @@
 // that a communicator outliving its Metrics still records into live memory.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,6 +42,8 @@ struct Core {
   prometheus::Gauge* tokens_per_second = nullptr;
   prometheus::Gauge* mfu = nullptr;
   prometheus::Histogram* data_wait = nullptr;
+  prometheus::Histogram* step_compute = nullptr;
+  prometheus::Family<prometheus::Counter>* collective_wait = nullptr;
   prometheus::Family<prometheus::Histogram>* collective_duration = nullptr;
   prometheus::Family<prometheus::Counter>* collective_bytes = nullptr;
   prometheus::Family<prometheus::Gauge>* collective_busbw = nullptr;
@@ -55,6 +58,9 @@ struct Core {
   double flops_per_token = 0;
   double peak_flops = 0;
   std::map<std::pair<std::string, int>, CollectiveSeries> collectives;
+  std::map<std::string, prometheus::Counter*> waits;  // by group
+  // Every Work::Wait's blocked time so far (CollectiveWaitSeconds).
+  std::atomic<int64_t> wait_ns_total{0};
   // Every family name registered, builtin or custom, with its kind (builtins
   // are never custom, so any clash is refused).
   std::map<std::string, CustomKind> custom_kinds;
@@ -69,6 +75,8 @@ struct Core {
     double data_wait_seconds = 0;
     double collective_seconds = 0;
     double checkpoint_blocked_seconds = 0;
+    double compute_seconds = 0;
+    double collective_wait_seconds = 0;
   };
   Window window;
   std::vector<double> last_sample;
@@ -78,6 +86,7 @@ struct Core {
 
   // Called by the sink.
   void OnCompleted(const OpRecord& record);
+  void OnWaited(const CommRecord& comm, int64_t waited_ns);
 };
 
 // Registers the builtin families on `core` (Create).

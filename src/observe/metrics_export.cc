@@ -166,6 +166,8 @@ const std::vector<std::string>& ClusterFigureNames() {
       "data_wait_seconds",            // mean per step over the window
       "collective_seconds_per_step",  // collective time / steps over the window
       "checkpoint_blocked_seconds",   // total over the window
+      "compute_seconds",              // mean per step: step time - time blocked in Wait
+      "collective_wait_seconds",      // mean per step: time blocked in Work::Wait
   };
   return kNames;
 }
@@ -189,6 +191,8 @@ std::vector<double> Metrics::ClusterSample() {
       w.data_wait_seconds / steps,
       w.collective_seconds / steps,
       w.checkpoint_blocked_seconds,
+      w.compute_seconds / steps,
+      w.collective_wait_seconds / steps,
   };
   c.last_sample = s;
   c.window = {};

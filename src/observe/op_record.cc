@@ -104,6 +104,9 @@ class FanOutSink final : public OpSink {
   void OnCompleted(const OpRecord& r) override {
     for (const auto& s : sinks_) s->OnCompleted(r);
   }
+  void OnWaited(const CommRecord& comm, OpKind kind, int64_t waited_ns) override {
+    for (const auto& s : sinks_) s->OnWaited(comm, kind, waited_ns);
+  }
 
  private:
   const std::vector<std::shared_ptr<OpSink>> sinks_;
@@ -148,6 +151,12 @@ void OpTrace::Completed(const absl::Status& status) {
   record_.time_completed_ns = absl::GetCurrentTimeNanos();
   record_.status = status;
   sink_->OnCompleted(record_);
+}
+
+void OpTrace::Waited(int64_t waited_ns) {
+  // record_.comm and record_.kind never change after construction: no lock,
+  // so a wait never queues behind the backend's Started/Completed.
+  if (record_.comm != nullptr) sink_->OnWaited(*record_.comm, record_.kind, waited_ns);
 }
 
 bool OpTrace::completed() const {

@@ -256,3 +256,36 @@ def test_elastic_run_marks_steps_and_counts_recoveries():
         assert done in (5 * 20, 6 * 20), text
     finally:
         world.destroy()
+
+
+def test_straggler_analysis_thresholds_and_edge_cases():
+    from strata import _stragglers as st
+    names = sm.cluster_figure_names()
+
+    def sample(compute, wait):
+        s = [0.0] * len(names)
+        s[names.index("step_duration_seconds")] = compute + wait
+        s[names.index("compute_seconds")] = compute
+        s[names.index("collective_wait_seconds")] = wait
+        return s
+
+    # 20 ranks computing 0.10 .. 0.119 s; rank 7 at 2.5x the P95 of the others, then at 1.9x.
+    base = [0.10 + 0.001 * r for r in range(20)]
+    p95_others = sorted(base[:7] + base[8:])[18]  # nearest rank: ceil(0.95 * 19) = 19th
+    for factor, flagged in ((2.5, [7]), (1.9, [])):
+        compute = list(base)
+        compute[7] = factor * p95_others
+        r = st.analyze([sample(c, 0.3 - c) for c in compute], names, factor=2.0)
+        assert r["stragglers"] == flagged
+        assert r["ranks"][7]["compute_vs_p95_of_others"] == pytest.approx(factor)
+        text = st.format_report(r)
+        assert ("rank 7 is a straggler" in text) == bool(flagged)
+        # The slowest by compute waits least: it is listed first and last.
+        assert text.split("slowest by compute time:\n")[1].lstrip().startswith("rank 7")
+    # One rank, or nothing measured yet: no ratios, no division by zero, no straggler.
+    for samples in ([sample(1.0, 0.0)], [sample(0.0, 0.0)] * 3):
+        r = st.analyze(samples, names)
+        assert r["stragglers"] == []
+        assert "no straggler" in st.format_report(r)
+    with pytest.raises(ValueError, match="compute_seconds"):
+        st.analyze([[1.0]], ["step_duration_seconds"])

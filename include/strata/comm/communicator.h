@@ -177,8 +177,10 @@ class STRATA_EXPORT Work {
   // Blocks until the operation completes, fails, or `deadline` passes.
   // DeadlineExceeded (naming rank, group and operation) if the deadline
   // passes first; the operation is then still in flight and may be waited
-  // for again. Idempotent after completion.
-  virtual absl::Status Wait(absl::Time deadline = absl::InfiniteFuture()) = 0;
+  // for again. Idempotent after completion. The time the caller spent
+  // blocked here goes to the operation's record (OpSink::OnWaited), so
+  // compute time can be told from time waiting for peers.
+  absl::Status Wait(absl::Time deadline = absl::InfiniteFuture());
   // True when the operation has completed successfully, false while it is in
   // flight; the operation's error when it failed.
   virtual absl::StatusOr<bool> Test() = 0;
@@ -195,6 +197,16 @@ class STRATA_EXPORT Work {
   // collective: an operation whose requests are still pending keeps it
   // until MPI completes them or the process exits.
   virtual void KeepBuffersAlive(std::shared_ptr<void> holder) { holder.reset(); }
+
+  // The communicator's record of this operation (null: nothing recorded).
+  void AttachTrace(std::shared_ptr<observe::OpTrace> trace) { trace_ = std::move(trace); }
+
+ protected:
+  // The backend's wait (see Wait).
+  virtual absl::Status DoWait(absl::Time deadline) = 0;
+
+ private:
+  std::shared_ptr<observe::OpTrace> trace_;
 };
 
 class STRATA_EXPORT Communicator {

@@ -8,6 +8,8 @@
 //   strata_tokens_per_second                   gauge      tokens / duration of the last step
 //   strata_mfu_ratio                           gauge      last step: achieved FLOP/s / peak (0-1)
 //   strata_data_wait_seconds                   histogram  time a step waited for its data
+//   strata_step_compute_seconds                histogram  step time minus time blocked in Wait
+//   strata_collective_wait_seconds_total{group}  counter  time blocked in Work::Wait
 //   strata_collective_duration_seconds{group,op}  histogram  issue -> completion of each op
 //   strata_collective_bytes_total{group,op}    counter    message size (nccl-tests' "size")
 //   strata_collective_busbw_bytes_per_second{group,op}  gauge  nccl-tests bus bandwidth
@@ -103,6 +105,10 @@ struct STRATA_EXPORT StepSample {
   absl::Duration duration;
   int64_t tokens = 0;                               // 0: no tokens/s or MFU for it
   absl::Duration data_wait = absl::ZeroDuration();  // recorded when > 0
+  // Time the step was blocked in Work::Wait (the difference of two
+  // CollectiveWaitSeconds() around it); the step's compute time is the
+  // rest: strata_step_compute_seconds and the straggler report.
+  absl::Duration collective_wait = absl::ZeroDuration();
 };
 
 // Peak dense BF16 FLOP/s (tensor cores, no sparsity) of a GPU named as
@@ -167,6 +173,10 @@ class STRATA_EXPORT Metrics {
   // Publishes the cluster view from the samples of every rank (samples[r]
   // is rank r's). InvalidArgument when a sample has the wrong length.
   absl::Status SetClusterView(const std::vector<std::vector<double>>& samples);
+
+  // Seconds callers of Work::Wait have been blocked so far, every group
+  // of every communicator whose sink this is (for StepSample).
+  double CollectiveWaitSeconds() const;
 
   // Cumulative figures for tests and summaries.
   struct Totals {

@@ -155,6 +155,10 @@ class STRATA_EXPORT OpSink {
   // record.status says how it ended (an operation that failed to start, or
   // was dropped unfinished, ends with that error).
   virtual void OnCompleted(const OpRecord& record) = 0;
+  // Each time a caller returns from Work::Wait on the operation, on that
+  // thread: how long it was blocked there (a synchronous operation: all of
+  // it; one overlapped with compute: only what the overlap did not hide).
+  virtual void OnWaited(const CommRecord& comm, OpKind kind, int64_t waited_ns) {}
 };
 
 // A sink that hands every call to each of `sinks` in turn (a flight
@@ -180,6 +184,8 @@ class STRATA_EXPORT OpTrace {
   void Started();
   // The operation is done with `status`.
   void Completed(const absl::Status& status);
+  // A caller was blocked in Work::Wait for `waited_ns` (OpSink::OnWaited).
+  void Waited(int64_t waited_ns);
   bool completed() const;
   // A copy of the record as it stands.
   OpRecord record() const;

@@ -48,7 +48,7 @@ absl::StatusOr<bool> PendingOp::Test() {
   return true;
 }
 
-absl::Status PendingWork::Wait(absl::Time deadline) {
+absl::Status PendingWork::DoWait(absl::Time deadline) {
   if (!poke_) return op_->Wait(deadline);
   // Ask the backend between short waits, so that completion is seen soon
   // after it happens.

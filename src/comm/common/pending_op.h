@@ -64,7 +64,7 @@ class PendingWork final : public Work {
  public:
   explicit PendingWork(std::shared_ptr<PendingOp> op, std::function<void()> poke = nullptr)
       : op_(std::move(op)), poke_(std::move(poke)) {}
-  absl::Status Wait(absl::Time deadline) override;
+  absl::Status DoWait(absl::Time deadline) override;
   absl::StatusOr<bool> Test() override;
   std::string Describe() const override { return op_->description(); }
 

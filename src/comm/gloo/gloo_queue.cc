@@ -26,7 +26,7 @@ class QueuedWork final : public Work {
   ~QueuedWork() override {
     if (!op_->done()) queue_->Hurry(seq_);
   }
-  absl::Status Wait(absl::Time deadline) override { return queue_->Wait(op_, seq_, deadline); }
+  absl::Status DoWait(absl::Time deadline) override { return queue_->Wait(op_, seq_, deadline); }
   absl::StatusOr<bool> Test() override {
     if (!op_->done()) queue_->Hurry(seq_);
     return op_->Test();

@@ -24,7 +24,7 @@ constexpr int kAllToAllTag = 1;
 class MpiWork final : public Work {
  public:
   explicit MpiWork(std::shared_ptr<Op> op) : op_(std::move(op)) {}
-  absl::Status Wait(absl::Time deadline) override { return op_->Wait(deadline); }
+  absl::Status DoWait(absl::Time deadline) override { return op_->Wait(deadline); }
   absl::StatusOr<bool> Test() override { return op_->Test(); }
   std::string Describe() const override { return op_->description(); }
   // The op lives while MPI may use its buffers (the engine, or the runtime

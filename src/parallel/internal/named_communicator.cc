@@ -30,7 +30,7 @@ class NamedWork final : public Work {
  public:
   NamedWork(std::unique_ptr<Work> work, std::string from, std::string to)
       : work_(std::move(work)), from_(std::move(from)), to_(std::move(to)) {}
-  absl::Status Wait(absl::Time deadline) override {
+  absl::Status DoWait(absl::Time deadline) override {
     return Replace(work_->Wait(deadline), from_, to_);
   }
   absl::StatusOr<bool> Test() override {

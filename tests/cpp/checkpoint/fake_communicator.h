@@ -112,7 +112,7 @@ class FakeWork : public Work {
         what_(std::move(what)),
         op_deadline_(op_deadline),
         trace_(std::move(trace)) {}
-  absl::Status Wait(absl::Time deadline) override {
+  absl::Status DoWait(absl::Time deadline) override {
     if (done_) return status_;
     const bool op_limit = op_deadline_ < deadline;
     absl::StatusOr<std::vector<int64_t>> v =

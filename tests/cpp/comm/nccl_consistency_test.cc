@@ -76,7 +76,7 @@ class Hub {
 
 class DoneWork : public Work {
  public:
-  absl::Status Wait(absl::Time) override { return absl::OkStatus(); }
+  absl::Status DoWait(absl::Time) override { return absl::OkStatus(); }
   absl::StatusOr<bool> Test() override { return true; }
   std::string Describe() const override { return "fake"; }
 };

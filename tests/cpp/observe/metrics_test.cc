@@ -236,6 +236,44 @@ TEST(Metrics, ClusterSampleCoversTheStepsSinceTheLastOne) {
   EXPECT_DOUBLE_EQ(second[1], 10.0);
 }
 
+// Time blocked in Work::Wait (the sink's OnWaited) is counted per group and
+// in total; a step's compute time is its duration less the wait it was
+// given (never below zero), and the cluster sample carries both means.
+TEST(Metrics, WaitsSplitAStepIntoComputeAndCollectiveWait) {
+  auto m = Make();
+  const std::vector<std::string>& names = ClusterFigureNames();
+  const size_t compute = std::find(names.begin(), names.end(), "compute_seconds") - names.begin();
+  const size_t wait =
+      std::find(names.begin(), names.end(), "collective_wait_seconds") - names.begin();
+  ASSERT_LT(compute, names.size());
+  ASSERT_LT(wait, names.size());
+  CommRecord dp;
+  dp.name = "dp";
+  CommRecord tp;
+  tp.name = "tp";
+  const double before = m->CollectiveWaitSeconds();
+  m->sink()->OnWaited(dp, OpKind::kAllReduce, 300'000'000);
+  m->sink()->OnWaited(tp, OpKind::kAllGather, 100'000'000);
+  m->sink()->OnWaited(dp, OpKind::kAllReduce, 200'000'000);
+  const double waited = m->CollectiveWaitSeconds() - before;
+  EXPECT_NEAR(waited, 0.6, 1e-9);
+  StepSample step{absl::Seconds(1), 0};
+  step.collective_wait = absl::Seconds(waited);
+  m->RecordStep(step);
+  StepSample all_wait{absl::Seconds(1), 0};
+  all_wait.collective_wait = absl::Seconds(2);  // more than the step: all of it was waiting
+  m->RecordStep(all_wait);
+  std::vector<double> sample = m->ClusterSample();
+  EXPECT_NEAR(sample[compute], (0.4 + 0.0) / 2, 1e-9);
+  EXPECT_NEAR(sample[wait], (0.6 + 1.0) / 2, 1e-9);
+  auto s = Samples(m->Serialize());
+  const std::string jr = "job=\"strata\",rank=\"0\"";
+  EXPECT_NEAR(s.at("strata_collective_wait_seconds_total{" + jr + ",group=\"dp\"}"), 0.5, 1e-9);
+  EXPECT_NEAR(s.at("strata_collective_wait_seconds_total{" + jr + ",group=\"tp\"}"), 0.1, 1e-9);
+  EXPECT_EQ(s.at("strata_step_compute_seconds_count{" + jr + "}"), 2);
+  EXPECT_NEAR(s.at("strata_step_compute_seconds_sum{" + jr + "}"), 0.4, 1e-9);
+}
+
 TEST(Metrics, CustomMetrics) {
   auto m = Make();
   ASSERT_TRUE(m->CounterAdd("my_samples_total", "samples", 3).ok());

@@ -509,7 +509,7 @@ class FakeWork : public Work {
   FakeWork(std::shared_ptr<State> state, std::shared_ptr<Op> op)
       : state_(std::move(state)), op_(std::move(op)) {}
 
-  absl::Status Wait(absl::Time deadline) override {
+  absl::Status DoWait(absl::Time deadline) override {
     const absl::Time start = absl::Now();
     std::unique_lock<std::mutex> lock(state_->mu);
     while (!op_->done) {

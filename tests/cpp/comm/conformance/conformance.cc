@@ -117,6 +117,16 @@ void RecordingSink::OnCompleted(const observe::OpRecord& record) {
   calls_.push_back(Call{Call::kCompleted, record});
 }
 
+void RecordingSink::OnWaited(const observe::CommRecord& comm, observe::OpKind kind, int64_t ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waits_.push_back({comm.name, kind, ns});
+}
+
+std::vector<RecordingSink::Waited> RecordingSink::waits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waits_;
+}
+
 std::vector<RecordingSink::Call> RecordingSink::calls() const {
   std::lock_guard<std::mutex> lock(mu_);
   return calls_;

@@ -162,8 +162,15 @@ class RecordingSink : public observe::OpSink {
   void OnScheduled(const observe::OpRecord& record) override;
   void OnStarted(const observe::OpRecord& record) override;
   void OnCompleted(const observe::OpRecord& record) override;
+  struct Waited {
+    std::string group;
+    observe::OpKind kind;
+    int64_t ns;
+  };
+  void OnWaited(const observe::CommRecord& comm, observe::OpKind kind, int64_t ns) override;
 
   std::vector<Call> calls() const;
+  std::vector<Waited> waits() const;
   // The records as last seen (completed where they completed), in the
   // order they were scheduled.
   std::vector<observe::OpRecord> records() const;
@@ -171,6 +178,7 @@ class RecordingSink : public observe::OpSink {
  private:
   mutable std::mutex mu_;
   std::vector<Call> calls_;
+  std::vector<Waited> waits_;
 };
 
 }  // namespace strata::testing

@@ -190,6 +190,36 @@ TEST_P(Conformance, RecordsCompletionsNobodyWaitsFor) {
   });
 }
 
+// The time a caller spends blocked in Work::Wait reaches the sink, once per
+// call, naming the communicator and the operation (what tells a rank's
+// compute time from its waiting for peers): the ranks waiting for a late
+// rank report about its delay, and never more than they were blocked.
+TEST_P(Conformance, ReportsTheTimeBlockedInWait) {
+  OnEveryRank([&](Communicator& world) {
+    auto sink = std::make_shared<RecordingSink>();
+    auto comm = Fresh(world, "waited", sink);
+    ASSERT_NE(comm, nullptr);
+    Tensor x(memory(), DataType::kFloat32, 16);
+    x.Upload();
+    const absl::Duration delay = absl::Milliseconds(200);
+    if (comm->rank() == 0) absl::SleepFor(delay);
+    STRATA_ASSERT_OK_AND_ASSIGN(auto work, comm->AllReduce(x.buffer(), x.buffer(), ReduceOp::kSum));
+    const absl::Time start = absl::Now();
+    STRATA_ASSERT_OK(Wait(*work));
+    const int64_t blocked = absl::ToInt64Nanoseconds(absl::Now() - start);
+    std::vector<RecordingSink::Waited> waits = sink->waits();
+    ASSERT_EQ(waits.size(), 1u);
+    EXPECT_EQ(waits[0].group, "waited");
+    EXPECT_EQ(waits[0].kind, OpKind::kAllReduce);
+    EXPECT_GE(waits[0].ns, 0);
+    EXPECT_LE(waits[0].ns, blocked);
+    if (comm->rank() != 0) EXPECT_GE(waits[0].ns, absl::ToInt64Nanoseconds(delay) / 2);
+    STRATA_ASSERT_OK(Wait(*work));  // again, on a completed operation: reported again
+    EXPECT_EQ(sink->waits().size(), 2u);
+    AllHere(world);
+  });
+}
+
 // A failed operation is recorded with its error; an operation refused as
 // misuse is not an operation and is not recorded; a call on a broken
 // communicator is recorded with the reason.
