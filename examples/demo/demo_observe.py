@@ -15,7 +15,6 @@ import time
 
 import torch
 
-import strata
 import strata.metrics as sm
 import strata.timeline as stl
 from strata import pipeline

@@ -19,6 +19,7 @@ import torch
 
 import strata
 import strata.metrics as sm
+from dp_models import agree
 from prometheus_client.parser import text_string_to_metric_families
 
 N = int(os.environ["STRATA_TEST_NP"])
@@ -33,13 +34,6 @@ def world():
                                                      straggler_report=reports.append))
     yield w
     w.destroy()
-
-
-def agree(world, problems):
-    flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().all_reduce(flag, op="max")
-    assert not problems, problems[:5]
-    assert flag.item() == 0, "failed on another rank (see its report)"
 
 
 def steps(world, n, slow_factor):

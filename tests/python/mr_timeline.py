@@ -19,6 +19,7 @@ import torch
 import strata
 import strata.timeline as stl
 from strata import pipeline
+from dp_models import agree
 from pipeline_models import copy_of, loss_fn, make_batch, make_stages
 
 N = int(os.environ["STRATA_TEST_NP"])
@@ -40,13 +41,6 @@ def shared_dir(world, tmp_path_factory):
     data[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
     world.group("world").broadcast(data, src=0)
     return bytes(data[data != 0].tolist()).decode()
-
-
-def agree(world, problems):
-    flag = torch.tensor([1 if problems else 0], dtype=torch.int32)
-    world.group().all_reduce(flag, op="max")
-    assert not problems, problems[:5]
-    assert flag.item() == 0, "failed on another rank (see its report)"
 
 
 def spans(trace, lane=None, cat=None):
