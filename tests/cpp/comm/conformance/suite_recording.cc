@@ -61,7 +61,10 @@ TEST_P(Conformance, RecordsEveryOperationWithItsSequenceNumbers) {
       STRATA_ASSERT_OK(Exchange(*comm, x.slice(0, 2), next, x.slice(2, 2), prev, &ring));
       for (auto& w : ring) works.push_back(std::move(w));
     }
-    add(comm->AllGather(x.buffer(), y.buffer()));  // collective 3
+    // Its own input: the ring above may still be receiving into x.
+    Tensor g(memory(), DataType::kFloat32, 6);
+    g.Upload();
+    add(comm->AllGather(g.buffer(), y.buffer()));  // collective 3
     add(comm->Barrier());                          // collective 4
     for (auto& w : works) STRATA_ASSERT_OK(Wait(*w));
     // A child without a sink of its own records into its parent's.
