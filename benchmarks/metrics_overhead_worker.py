@@ -2,7 +2,8 @@
 """One rank of run_metrics_overhead.py: step time with metrics on against
 off, in the same run. Two worlds live side by side, one whose communicators
 record into a strata.metrics.Metrics (its steps marked with Metrics.step)
-and one with metrics=False, each with its own copy of the case; steps
+and one with metrics=False (--baseline nothing: the flight recorder off too,
+trace=False), each with its own copy of the case; steps
 alternate between them one by one (the order of each pair flips), so that
 the pairs see the same machine and the ratio of a pair cancels a slow
 spell of a shared machine. Rank 0 prints one JSON line per case:
@@ -61,13 +62,17 @@ def collective_case(world):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--pairs", type=int, default=150, help="steps per side, in pairs")
+    p.add_argument("--baseline", choices=["no-metrics", "nothing"], default="no-metrics",
+                   help="the 'off' side: metrics off (the flight recorder on, as by default), "
+                        "or metrics and the flight recorder both off")
     args = p.parse_args()
     torch.set_num_threads(1)
     env = strata.launch_env()
     mesh = strata.Mesh(env.world_size, tp=2 if env.world_size % 2 == 0 else 1)
     metrics = sm.Metrics(job="bench")
     worlds = {"on": strata.init(mesh, timeout=300, metrics=metrics),
-              "off": strata.init(mesh, timeout=300, metrics=False)}
+              "off": strata.init(mesh, timeout=300, metrics=False,
+                                 trace=args.baseline == "no-metrics")}
     for name, make in (("demo model", demo_case), ("collective-heavy", collective_case)):
         steps = {side: make(w) for side, w in worlds.items()}
         for side in ("on", "off"):  # warm-up
@@ -87,7 +92,7 @@ def main():
                 times[side].append(time.perf_counter() - t0)
         if env.rank == 0:
             print(json.dumps({"case": name, "on": times["on"], "off": times["off"],
-                              "ranks": env.world_size}), flush=True)
+                              "ranks": env.world_size, "baseline": args.baseline}), flush=True)
     # The registry really recorded: steps and collectives of the "on" world only.
     if env.rank == 0:
         t = metrics.totals()

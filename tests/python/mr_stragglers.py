@@ -1,7 +1,7 @@
 """Under mpirun (4 ranks): the straggler report. Each rank's step is a sleep
 (its "compute") followed by an all-reduce over the world; one rank sleeps
 longer. Its compute time (step time less the time blocked in Work::Wait)
-names it, while the others show the wait it caused; a rank 1.5x slower is
+names it, while the others show the wait it caused; a rank 1.6x slower is
 reported but not flagged (the threshold is 2x the P95 of the others); the
 same figures are the cluster view's metrics, with the slow rank holding the
 max; the report comes every ``cluster_every`` steps and on demand.
@@ -36,12 +36,12 @@ def world():
     w.destroy()
 
 
-def steps(world, n, slow_factor):
+def steps(world, n, slow_factor, base=BASE):
     g = world.group("world")
     x = torch.ones(64)
     for _ in range(n):
         with sm.step(metrics=world.metrics):
-            time.sleep(BASE * (slow_factor if world.rank == SLOW else 1.0))
+            time.sleep(base * (slow_factor if world.rank == SLOW else 1.0))
             g.all_reduce(x)
 
 
@@ -69,15 +69,16 @@ def test_the_slow_rank_is_named_by_its_compute_time(world):
             if r["stragglers"] != [SLOW]:
                 problems.append(f"stragglers {r['stragglers']}, want [{SLOW}]: {ranks}")
             ratio = ranks[SLOW]["compute_vs_median"]
-            if not 3.0 < ratio < 7.0:
+            if not 2.5 < ratio < 8.0:
                 problems.append(f"rank {SLOW}'s compute is {ratio:.2f}x the median, want ~5x")
             for x in ranks:
                 if x["rank"] != SLOW and not x["wait_seconds"] > 2 * ranks[SLOW]["wait_seconds"]:
                     problems.append(f"rank {x['rank']} waited {x['wait_seconds']:.3f} s, not much "
                                     f"more than the slow rank ({ranks[SLOW]['wait_seconds']:.3f})")
-                # A sleep of BASE (x5 on the slow rank) is the compute of each step.
+                # A sleep of BASE (x5 on the slow rank) is the compute of each
+                # step; more on a loaded machine, where a rank also waits for a core.
                 want = BASE * (5.0 if x["rank"] == SLOW else 1.0)
-                if not want * 0.9 <= x["compute_seconds"] <= want + 0.05:
+                if not want * 0.9 <= x["compute_seconds"] <= want + 0.1:
                     problems.append(f"rank {x['rank']}: compute {x['compute_seconds']:.3f} s per "
                                     f"step, slept {want:.3f}")
             if [x["host"] for x in ranks] != [socket.gethostname()] * N or \
@@ -111,9 +112,9 @@ def test_the_metrics_show_the_same_and_the_text_names_the_rank(world):
     agree(world, problems)
 
 
-def test_a_rank_one_and_a_half_times_slower_is_not_flagged(world):
+def test_a_rank_1_6_times_slower_is_not_flagged(world):
     world.metrics.straggler_report()
-    steps(world, 4, 1.5)
+    steps(world, 6, 1.6, base=0.05)
     world.metrics.straggler_report()
     problems = []
     if world.rank == 0:
