@@ -117,8 +117,10 @@ class Timeline:
     @contextlib.contextmanager
     def step(self, step):
         """Marks one training step; records it, its spans and the world's
-        operations during it when ``step`` is selected."""
-        if not self.selected(step):
+        operations during it when ``step`` is selected. Inside another
+        step() (a user's marker in a loop of strata's that marks its steps
+        itself) it records nothing more: the step is recorded once."""
+        if not self.selected(step) or self._step is not None:
             yield
             return
         outer, self._step = self._step, step
