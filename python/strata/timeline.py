@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 
+from ._settings import settings as _settings
 from .errors import InvalidArgument
 
 __all__ = ["Timeline", "merge", "check_nesting", "current"]
@@ -73,7 +74,8 @@ class Timeline:
 
     def __init__(self, directory=None, *, world=None, steps=None, rank=None,
                  max_events=200_000):
-        directory = directory if directory is not None else os.environ.get("STRATA_TIMELINE_DIR")
+        if directory is None:
+            directory = _settings()["STRATA_TIMELINE_DIR"].value or None
         if not directory:
             raise InvalidArgument("strata.timeline.Timeline needs a directory (or "
                                   "STRATA_TIMELINE_DIR)")

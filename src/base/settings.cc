@@ -98,6 +98,11 @@ const Row kRows[] = {
       "Unset: no file",
       "docs/observability.md"},
      &Settings::metrics_file},
+    {{"STRATA_TIMELINE_DIR", SettingType::kPath, "",
+      "The directory strata.timeline.Timeline writes its per-rank Chrome trace files to when "
+      "the code names none. Unset: the code must name one",
+      "docs/observability.md"},
+     &Settings::timeline_dir},
 };
 
 // What a kind of value takes, for messages.

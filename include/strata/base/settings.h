@@ -112,6 +112,9 @@ struct STRATA_EXPORT Settings {
   // STRATA_METRICS_FILE: write the metrics as a .prom file here ({rank}
   // replaced); "" nowhere.
   std::string metrics_file;
+  // STRATA_TIMELINE_DIR: where strata.timeline writes its per-rank files
+  // when the code names no directory; "": the code must name one.
+  std::string timeline_dir;
 
   // The text of each registered variable that was set, by name.
   std::map<std::string, std::string> from_environment;
