@@ -8,6 +8,7 @@ Everything lands in the output folder: $STRATA_DEMO_OUT, else
 build/demo-out of the repository.
 """
 
+import contextlib
 import json
 import os
 import statistics
@@ -71,25 +72,13 @@ class Observe:
                   f"{self.flops_per_token / 1e6:.2f} MFLOP per token on this rank (6N + 12LHQT) "
                   f"over a measured CPU GEMM peak of {self.peak / 1e9:.1f} GFLOP/s", flush=True)
 
+    @contextlib.contextmanager
     def step(self, step):
         """One training step (schedule, optimizer, checkpoint)."""
-        outer = self
-
-        class _Mark:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-                self.m = outer.world.metrics.step(tokens=outer.tokens)
-                self.m.__enter__()
-                self.t = outer.timeline.step(step)
-                self.t.__enter__()
-
-            def __exit__(self, *exc):
-                self.t.__exit__(*exc)
-                self.m.__exit__(*exc)
-                outer.step_seconds.append(time.perf_counter() - self.t0)
-                return False
-
-        return _Mark()
+        t0 = time.perf_counter()
+        with self.world.metrics.step(tokens=self.tokens), self.timeline.step(step):
+            yield
+        self.step_seconds.append(time.perf_counter() - t0)
 
     def finish(self, schedule, checkpoint_blocked):
         """Writes the timeline and the pictures; rank 0 prints where they are

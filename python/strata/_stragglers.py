@@ -11,6 +11,7 @@ rank 0 from samples it already has (nothing is measured twice).
 """
 
 import math
+import statistics
 
 # The policy the report checks by default: a rank whose compute time
 # exceeds FACTOR x the P95 of the other ranks' is flagged.
@@ -23,14 +24,6 @@ def _percentile(values, q):
     if not v:
         return None
     return v[max(0, math.ceil(q / 100.0 * len(v)) - 1)]
-
-
-def _median(values):
-    v = sorted(values)
-    n = len(v)
-    if n == 0:
-        return None
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def analyze(samples, names, hosts=None, local_ranks=None, *, factor=FACTOR, first_step=None,
@@ -51,7 +44,7 @@ def analyze(samples, names, hosts=None, local_ranks=None, *, factor=FACTOR, firs
                       "wait_seconds": s[col["collective_wait_seconds"]]})
     compute = [x["compute_seconds"] for x in ranks]
     wait = [x["wait_seconds"] for x in ranks]
-    med_c, med_w = _median(compute), _median(wait)
+    med_c, med_w = statistics.median(compute), statistics.median(wait)
     for x in ranks:
         others = [c for c in compute[:x["rank"]] + compute[x["rank"] + 1:]]
         p95_others = _percentile(others, 95) if others else None

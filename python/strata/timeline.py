@@ -53,9 +53,9 @@ import threading
 import time
 
 from ._settings import settings as _settings
-from .errors import InvalidArgument
+from .errors import CommError, InvalidArgument
 
-__all__ = ["Timeline", "merge", "check_nesting", "current"]
+__all__ = ["Timeline", "merge", "check_nesting"]
 
 _FILE = "timeline_rank_{rank}.json"
 _MERGED = "timeline.json"
@@ -184,8 +184,8 @@ class Timeline:
         if raw is None or not getattr(raw, "alive", False):
             return
         try:
-            ops = raw.recorded_ops(t0)
-        except Exception:  # a destroyed world, a recorder switched off: no operations
+            ops = raw.recorded_ops(t0)  # [] when the world keeps no flight recorder
+        except CommError:  # destroyed since the check above: no operations
             return
         spans = []
         for op in ops:
@@ -315,11 +315,6 @@ class Timeline:
         steps = "all" if self.steps is None else len(self.steps)
         return (f"Timeline(rank={self.rank}, steps={steps}, events={len(self._events)}, "
                 f"directory={self.directory!r})")
-
-
-def current(world):
-    """The timeline recording for ``world`` (None when there is none)."""
-    return getattr(world, "timeline", None)
 
 
 def merge(directory, out=None):
