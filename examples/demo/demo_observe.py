@@ -155,8 +155,8 @@ class Observe:
                                                       "as measured (dp 0, tp 0)")
 
 
-def record_recovery(recovery_seconds, detail):
-    """The recovery act's figure, added to the summary (recovery.py)."""
+def record_recovery(recovery_seconds, detail, eviction=None):
+    """The recovery act's figures, added to the summary (recovery.py)."""
     try:
         with open(SUMMARY) as f:
             summary = json.load(f)
@@ -164,6 +164,8 @@ def record_recovery(recovery_seconds, detail):
         summary = {}
     summary["recovery_kill_to_first_step_seconds"] = recovery_seconds
     summary["recovery"] = detail
+    if eviction:
+        summary["straggler_eviction"] = eviction
     os.makedirs(OUT, exist_ok=True)
     with open(SUMMARY, "w") as f:
         json.dump(summary, f, indent=1)
@@ -186,6 +188,11 @@ def print_summary():
              "{:.3f} s in " + str(s.get("checkpoint_saves", 0)) + " saves"),
             ("recovery: SIGKILL -> first step", s.get("recovery_kill_to_first_step_seconds"),
              "{:.3f} s")]
+    e = s.get("straggler_eviction")
+    if e and "evicted_at_step" in e:
+        rows.append((f"straggler: rank {e['rank']} evicted", e["ratio"],
+                     "{:.2f}x the others' P95, " + f"{e['evicted_at_step'] - e['first_step']} "
+                     f"steps after it turned slow, regroup {e['regroup_s']:.3f} s"))
     print("\n== summary " + "=" * 50, flush=True)
     for name, value, fmt in rows:
         shown = fmt.format(value) if value is not None else "(not run)"

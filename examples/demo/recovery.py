@@ -7,10 +7,16 @@ launcher's fault-tolerant line, shows rank 0's step lines, announces and
 sends a SIGKILL to one rank partway through training, then shows what the
 survivors did: how the failure was found, the failed set they agreed on, the
 new mesh, where the state came from, and the loss going on along the same
-curve; at the end the recovery figures, measured from the kill.
+curve; at the end the recovery figures, measured from the kill. Later in the
+same job one rank turns slow (the example's ``--slow``: it sleeps 3x as long
+as the others each step) and strata's straggler policy (the default
+strata.elastic.StragglerPolicy: compute time above 2x the P95 of the others'
+for 5 consecutive steps) evicts it with its replica, with the numbers it
+decided on.
 
     python3 examples/demo/recovery.py [--launcher mpirun|torchrun] [--np 8]
-        [--mpirun PATH] [--steps 30] [--kill-step 12] [--victim 5]
+        [--mpirun PATH] [--steps 34] [--kill-step 12] [--victim 5]
+        [--straggler 3] [--slow-step 18]
 
 Under mpirun the line has --with-ft ulfm (without it prterun ends the job
 when a process dies); under torchrun the example's strata.elastic.supervise()
@@ -73,9 +79,12 @@ def main(argv=None):
     ap.add_argument("--launcher", choices=["mpirun", "torchrun"], default="mpirun")
     ap.add_argument("--np", type=int, default=8)
     ap.add_argument("--mpirun", default=os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun"))
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=34)
     ap.add_argument("--kill-step", type=int, default=12, help="kill once this step is committed")
     ap.add_argument("--victim", type=int, default=5, help="the world rank to kill")
+    ap.add_argument("--straggler", type=int, default=3,
+                    help="the job rank made slow after the kill (-1: none)")
+    ap.add_argument("--slow-step", type=int, default=18, help="the first step it is slow in")
     ap.add_argument("--lr", type=float, default=0.002, help="the example's --lr")
     ap.add_argument("--timeout", type=float, default=240, help="seconds for the whole act")
     args = ap.parse_args(argv)
@@ -93,9 +102,13 @@ def main(argv=None):
     shutil.rmtree(timeline_dir, ignore_errors=True)
     example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1",
                     "--lr", str(args.lr), "--timeline", timeline_dir]
+    if args.straggler >= 0:
+        example_args += ["--straggler-policy", "evict",
+                         "--slow", f"{args.straggler}:3:{args.slow_step}"]
     cmd = command(args.launcher, args.np, args.mpirun, example_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    print("\n== 7. In-process recovery: a rank is killed from outside while the model trains\n"
+    print("\n== 7. In-process recovery: a rank is killed from outside while the model trains, "
+          "then a straggler is evicted\n"
           f"$ {' '.join(os.path.relpath(c, ROOT) if c == EXAMPLE else c for c in cmd)}", flush=True)
     deadline = time.time() + args.timeout
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -103,6 +116,7 @@ def main(argv=None):
     timer.daemon = True
     timer.start()
     losses, t_kill, recovery, first_after, killed_at_step = [], None, None, None, None
+    eviction = None
     try:
         for line in proc.stdout:
             try:
@@ -128,6 +142,13 @@ def main(argv=None):
                     t_kill = time.time()
                     os.kill(pid, signal.SIGKILL)
                     killed_at_step = args.kill_step
+            elif ev == "eviction":
+                eviction = rec
+                show_eviction(rec)
+            elif ev == "recovery" and rec.get("reason") == "straggler":
+                show_recovery(rec, None)
+                eviction = dict(eviction or {}, evicted_at_step=rec.get("step"),
+                                regroup_s=rec["agree_s"] + rec["rebuild_s"] + rec["restore_s"])
             elif ev == "recovery":
                 recovery = rec
                 show_recovery(rec, t_kill)
@@ -137,12 +158,33 @@ def main(argv=None):
     if recovery is None:
         print("demo: the job ended without a recovery line", file=sys.stderr, flush=True)
         return rc or 1
-    show_figures(recovery, t_kill, losses, killed_at_step)
+    if args.straggler >= 0 and eviction is None:
+        print("demo: the straggler was not evicted", file=sys.stderr, flush=True)
+        rc = rc or 1
+    show_figures(recovery, t_kill, losses, killed_at_step, eviction)
     return rc
+
+
+def show_eviction(rec):
+    ms = ", ".join(f"{t * 1e3:.0f}" for t in rec["compute_s"])
+    ref = ", ".join(f"{t * 1e3:.0f}" for t in rec["others_percentile_s"])
+    print(f"\n--- straggler: rank {rec['rank']} is slow (its compute time, step time minus its "
+          "time blocked in collectives) ---\n"
+          f"  steps {rec['first_step']}-{rec['last_step']}: rank {rec['rank']} computed [{ms}] ms, "
+          f"the P{rec['percentile']:g} of the others [{ref}] ms: at least {rec['ratio']:.2f}x, "
+          f"above {rec['factor']:g}x for {rec['steps']} steps in a row -> evicted (every rank "
+          "took the same decision from one all-gather of these times)", flush=True)
 
 
 def show_recovery(rec, t_kill):
     cause = rec.get("cause") or {}
+    if rec.get("reason") == "straggler":
+        print(f"  regroup   : rank(s) {rec['failed']} evicted, {rec.get('leaving', [])} leave "
+              f"with their replica; {rec['mesh_before']['describe']} -> "
+              f"{rec['mesh_after']['describe']} in {rec['agree_s'] + rec['rebuild_s']:.3f} s, "
+              f"restored from {rec.get('restored_from')}; step {rec.get('step')} runs on the "
+              "new mesh\n", flush=True)
+        return
     how = {"backend": "the backend's error in a collective", "probe": "its process gone (/proc probe)",
            "heartbeat": "its heartbeat stopped", "commit": "the step commit",
            "request": "a request"}.get(cause.get("source"), cause.get("source"))
@@ -162,7 +204,7 @@ def show_recovery(rec, t_kill):
           f"of step {rec.get('step')}; the failed step is run again\n", flush=True)
 
 
-def show_figures(rec, t_kill, losses, killed_at_step):
+def show_figures(rec, t_kill, losses, killed_at_step, eviction=None):
     print("\nloss per step (the kill after step "
           f"{killed_at_step}; the curve goes on where it was):", flush=True)
     vals = [loss for _, loss, _ in losses if loss is not None]
@@ -196,7 +238,7 @@ def show_figures(rec, t_kill, losses, killed_at_step):
     if cause.get("failed_at"):
         demo_observe.record_recovery(t_step - t_kill, {
             k: rec.get(k) for k in ("detect_s", "agree_s", "rebuild_s", "restore_s", "failed",
-                                    "epoch")})
+                                    "epoch")}, eviction)
     demo_observe.print_summary()
 
 

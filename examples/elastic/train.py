@@ -36,6 +36,15 @@ Rank 0 prints one JSON line per completed step ({"event": "step", "step",
 (its view of the run, for tests) and the survivors save the final model
 as a strata checkpoint in DIR/final.
 
+``--straggler-policy evict`` (or ``report``) turns on strata's straggler
+policy (strata.elastic.StragglerPolicy; ``--straggler-factor``,
+``--straggler-percentile``, ``--straggler-window``): a rank whose compute
+time stays above 2x the P95 of the others' for 5 steps is evicted with its
+replica, and rank 0 prints ``{"event": "eviction", "rank", "reason":
+"straggler", "ratio", "steps", ...}``. Slow a rank down from outside with
+``tools/slow_rank.py --pid-file PIDDIR/5.pid``, or from inside with ``--slow
+RANK:FACTOR:FIRST[:LAST]`` (that rank sleeps FACTOR x ``--step-sleep``).
+
 ``--hold OP:RANK:STEP`` is for tests that kill a rank inside an operation:
 rank RANK (a job rank) writes ``--pid-dir``/hold.json when it reaches OP
 at step STEP and waits there (``--hold-seconds``) for the test to kill it.
@@ -107,6 +116,17 @@ def parse(argv=None):
                         "step STEP, announced in --pid-dir/hold.json, to be killed there")
     p.add_argument("--hold-seconds", type=float, default=5.0,
                    help="how long --hold waits for the kill before going on")
+    p.add_argument("--straggler-policy", default="off", choices=["off", "report", "evict"],
+                   help="strata.elastic.StragglerPolicy: a rank whose compute time stays above "
+                        "--straggler-factor x the P95 of the others' for --straggler-window "
+                        "steps is reported or evicted (off: no policy)")
+    p.add_argument("--straggler-factor", type=float, default=2.0)
+    p.add_argument("--straggler-percentile", type=float, default=95.0)
+    p.add_argument("--straggler-window", type=int, default=5)
+    p.add_argument("--slow", metavar="RANK:FACTOR:FIRST[:LAST]", action="append", default=[],
+                   help="for tests: job rank RANK sleeps FACTOR x --step-sleep in steps FIRST to "
+                        "LAST (a straggler made from inside; a rank can also be slowed from "
+                        "outside: tools/slow_rank.py)")
     return p.parse_args(argv)
 
 
@@ -371,6 +391,7 @@ def main(argv=None):
     state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
                           trained_samples=[])
     params = [p for p in model.parameters()]
+    slow = [parse_slow(v, args.step_sleep) for v in args.slow]
     drop = None
     if args.drop:
         r, s = args.drop.split("@")
@@ -401,7 +422,9 @@ def main(argv=None):
         if hold is not None:
             hold.begin_step(ctx.step)
         if args.step_sleep:
-            time.sleep(args.step_sleep)
+            factor = max([f for r, f, a, b in slow if r == launch.rank and a <= ctx.step <= b],
+                         default=1.0)
+            time.sleep(factor * args.step_sleep)
         opt.zero_grad(set_to_none=False)
         idx = torch.tensor(ctx.samples, dtype=torch.long, device=device)
         x, y = x_all[idx], y_all[idx]
@@ -428,6 +451,10 @@ def main(argv=None):
         return global_loss
 
     options = elastic.Options(restore=args.restore)
+    if args.straggler_policy != "off":
+        options.straggler = elastic.StragglerPolicy(
+            factor=args.straggler_factor, percentile=args.straggler_percentile,
+            window=args.straggler_window, action=args.straggler_policy)
     if args.heartbeat_timeout:
         options.heartbeat_timeout = args.heartbeat_timeout
     if args.checkpoint_every or args.restore == "checkpoint":
@@ -456,6 +483,21 @@ def main(argv=None):
     if args.report:
         write_report(args.report, launch.rank, world, state, result, params, model)
     elastic.shutdown(world, result)
+
+
+def parse_slow(value, step_sleep):
+    """``--slow RANK:FACTOR:FIRST[:LAST]`` as (rank, factor, first, last)."""
+    parts = value.split(":")
+    try:
+        if len(parts) not in (3, 4):
+            raise ValueError
+        last = int(parts[3]) if len(parts) == 4 else 1 << 62
+        slow = (int(parts[0]), float(parts[1]), int(parts[2]), last)
+    except ValueError:
+        raise SystemExit(f"--slow {value!r}: expected RANK:FACTOR:FIRST[:LAST], e.g. 3:3:10")
+    if not step_sleep:
+        raise SystemExit(f"--slow {value}: multiplies --step-sleep, which is 0")
+    return slow
 
 
 def hold_points(hold, stage, pp):

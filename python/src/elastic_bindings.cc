@@ -126,12 +126,12 @@ class PyElastic {
     l.ReportFailure(absl::UnavailableError(message));
   }
 
-  void RequestChange(const std::vector<int>& evict, const std::string& why) {
+  void RequestChange(const std::vector<int>& evict, const std::string& why, bool abort) {
     ElasticLoop& l = loop();
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = l.RequestChange(evict, why);
+      s = l.RequestChange(evict, why, abort);
     }
     ThrowIfError(s, ErrorArea::kElastic);
   }
@@ -189,7 +189,8 @@ Registration reg(kOrderElastic, [](py::module_& m) {
       .def("begin_step", &PyElastic::BeginStep, py::arg("step"))
       .def("commit", &PyElastic::Commit, py::arg("step"), py::arg("ok"))
       .def("report_failure", &PyElastic::ReportFailure, py::arg("message"))
-      .def("request_change", &PyElastic::RequestChange, py::arg("evict"), py::arg("why"))
+      .def("request_change", &PyElastic::RequestChange, py::arg("evict"), py::arg("why"),
+           py::arg("abort") = true)
       .def("recover", &PyElastic::Recover)
       .def("record_restore", &PyElastic::RecordRestore, py::arg("restored_from"))
       .def("events", &PyElastic::Events)

@@ -47,6 +47,8 @@ class Options:
     None: the world's bootstrap store (torchrun's TCPStore), else
     $STRATA_STORE, else a file store in the temporary directory when every
     rank is on this host. ``job``: names this job's keys in a shared store.
+    ``straggler``: a :class:`StragglerPolicy` (None: no policy): ranks whose
+    compute time stays well above the others' are evicted or reported.
     """
 
     heartbeat_interval: float = 0.1
@@ -68,6 +70,7 @@ class Options:
     log: bool = True
     store: object = None
     job: str = "default"
+    straggler: object = None
 
     def _validate(self):
         for name in ("heartbeat_interval", "heartbeat_timeout", "settle_timeout",
@@ -93,6 +96,13 @@ class Options:
             raise InvalidArgument("strata.elastic.Options.checkpoint_options must be a dict of "
                                   "strata.checkpoint.AsyncCheckpointer arguments, got "
                                   f"{type(self.checkpoint_options).__name__}")
+        if self.straggler is not None:
+            from ._elastic_stragglers import StragglerPolicy
+            if not isinstance(self.straggler, StragglerPolicy):
+                raise InvalidArgument("strata.elastic.Options.straggler must be a "
+                                      "strata.elastic.StragglerPolicy or None, got "
+                                      f"{type(self.straggler).__name__}")
+            self.straggler._validate()
         if self.restore == "checkpoint" and not self.checkpoint_dir:
             raise InvalidArgument("strata.elastic.Options.restore is 'checkpoint' but "
                                   "checkpoint_dir is not set")
@@ -357,6 +367,7 @@ class StepContext:
         self.global_batch = global_batch
         self.committed = False
         self._voted = False
+        self._commit_wait = 0.0  # seconds this rank waited for the commit's votes
 
     @property
     def loss_scale(self):

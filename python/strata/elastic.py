@@ -64,6 +64,7 @@ import time
 from . import _strata
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
+from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
 from ._elastic_launch import (_launcher_warning, _release_store, _store_for,  # noqa: F401
                               shutdown, supervise)
 
@@ -73,6 +74,7 @@ __all__ = [
     "supervise",
     "Controller",
     "Options",
+    "StragglerPolicy",
     "State",
     "StepContext",
     "StepAborted",
@@ -137,6 +139,10 @@ class Controller:
         self._last_rank0 = None
         self.events = []
         self._replicas0 = self.world.group("dp").size
+        self._watch = None
+        if options.straggler is not None:
+            self._watch = _Watch(options.straggler, getattr(world, "metrics", None))
+        self._planned = None  # a straggler eviction requested, until its recovery
         self._job_ranks = list(self._loop.membership["members"])
         warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
         if warning and self.world.rank == 0:
@@ -174,13 +180,26 @@ class Controller:
         ctx._controller = self
         self._ctx = ctx
         self._loop.begin_step(step)
+        if self._watch is not None and self._watch.due():
+            found = self._watch.exchange(self.world, self._loop.rank)
+            if found:
+                self._planned = {"reason": "straggler", "stragglers": found}
+                # Every rank takes this decision here, from the same
+                # numbers: nobody is inside an operation the others left,
+                # so the communicators need no abort (one would fail the
+                # all-gather on a rank still finishing it).
+                self._loop.request_change([x["rank"] for x in found],
+                                          _straggler_why(found, self.options.straggler), False)
+                self._loop.begin_step(step)  # raises strata.Aborted: the alarm is raised
         return ctx
 
     def _vote(self, ctx, ok):
         if ctx._voted:
             return ctx.committed
         ctx._voted = True
+        t0 = time.perf_counter()
         ctx.committed = self._loop.commit(ctx.step, ok)
+        ctx._commit_wait = time.perf_counter() - t0
         return ctx.committed
 
     def _pre_step(self, optimizer, args, kwargs):
@@ -220,6 +239,8 @@ class Controller:
         st.step = ctx.step + 1
         st.commit()
         self._ctx = None
+        if self._watch is not None:
+            self._watch.record(ctx.step, ctx._commit_wait)
         now = _now()
         if self._pending is not None:
             self._pending["first_step_s"] = round(now - self._pending["cause"]["failed_at"], 6)
@@ -288,6 +309,12 @@ class Controller:
                 pass
         kind, text = self._loop.recover()
         event = json.loads(text)
+        planned, self._planned = self._planned, None
+        if planned is not None and event["cause"]["source"] == "request" and \
+                sorted(event["cause"]["evict"]) == sorted(x["rank"] for x in planned["stragglers"]):
+            event.update(planned)
+        if self._watch is not None:
+            self._watch.reset()
         if kind == "leave":
             return self._leave(event)
         lost = self._regroup_parts(event)
@@ -302,7 +329,9 @@ class Controller:
             self.state.restore()
             restored_from = "memory"
         self._loop.record_restore(restored_from)
+        labels = {k: event[k] for k in ("reason", "stragglers") if k in event}
         event = json.loads(self._loop.events()[-1])
+        event.update(labels)
         event["step"] = self.state.step
         self.events.append(event)
         self._pending = event
@@ -344,10 +373,18 @@ class Controller:
         return lost
 
     def _leave(self, event):
-        failed = event["failed"]
-        msg = (f"strata.elastic: rank {event['rank']} leaves the job: its data-parallel replica "
-               f"lost rank(s) {failed} and was dropped (epoch {event['epoch']}, the others go on "
-               f"as {event['mesh_after']['describe']}); exiting with status 0")
+        failed, cause = event["failed"], event["cause"]
+        evicted = cause["source"] == "request" and event["rank"] in cause["evict"]
+        if evicted:
+            why = f"it was evicted ({cause['detail']})"
+        elif cause["source"] == "request" and cause["evict"]:
+            why = (f"its data-parallel replica was dropped with evicted rank(s) {cause['evict']} "
+                   f"({cause['detail']})")
+        else:
+            why = f"its data-parallel replica lost rank(s) {failed} and was dropped"
+        msg = (f"strata.elastic: rank {event['rank']} leaves the job: {why} (epoch "
+               f"{event['epoch']}, the others go on as {event['mesh_after']['describe']}); "
+               "exiting with status 0")
         self.events.append(event)
         if self.options.leave == "exit":
             print(msg, file=sys.stderr, flush=True)
@@ -397,9 +434,10 @@ def recover(controller):
 
 def _record_recovery(metrics, event):
     """strata_recoveries_total, and strata_evictions_total{reason} per rank
-    the recovery left out (reason: what detected the failure)."""
+    the recovery left out (reason: "straggler" for the straggler policy's
+    evictions, else what detected the failure)."""
     metrics.record_recovery()
-    reason = (event.get("cause") or {}).get("source") or "unknown"
+    reason = event.get("reason") or (event.get("cause") or {}).get("source") or "unknown"
     for _ in event.get("failed") or []:
         metrics.record_eviction(reason)
 

@@ -156,8 +156,9 @@ class _Step:
             return False
         m._active = None
         if exc_type is None:  # a step that raised did not happen
-            m._raw.record_step(seconds, int(self.tokens), self._data_wait,
-                               m._raw.collective_wait_seconds() - self._w0)
+            wait = m._raw.collective_wait_seconds() - self._w0
+            m._raw.record_step(seconds, int(self.tokens), self._data_wait, wait)
+            m.last_step = (seconds, wait)
             m._after_step()
         return False
 
@@ -265,6 +266,9 @@ class Metrics:
         self._where = None  # (hosts, local ranks) of the group's ranks, gathered once
         self._published_at = 0  # steps at the previous publish_cluster
         self.last_report = None  # rank 0: the last straggler report (a dict)
+        # The last step's (seconds, time blocked in Work::Wait): what
+        # strata.elastic's straggler policy takes its compute time from.
+        self.last_step = None
         _latest = weakref.ref(self)
 
     rank = property(lambda self: self._raw.rank, doc="The rank label.")

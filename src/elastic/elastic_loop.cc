@@ -103,10 +103,11 @@ ElasticLoop::~ElasticLoop() {
   aborter_.join();
 }
 
-void ElasticLoop::OnAlarm(const Detection& /*alarm*/, uint64_t epoch) {
+void ElasticLoop::OnAlarm(const Detection& alarm, uint64_t epoch) {
   {
     std::lock_guard<std::mutex> lock(abort_mu_);
     abort_epoch_ = std::max(abort_epoch_.value_or(0), epoch);
+    abort_at_ = alarm.abort ? absl::InfinitePast() : absl::Now() + options_.heartbeat_timeout;
   }
   abort_cv_.notify_all();
 }
@@ -115,6 +116,12 @@ void ElasticLoop::RunAborter() {
   std::unique_lock<std::mutex> lock(abort_mu_);
   while (true) {
     abort_cv_.wait(lock, [&] { return abort_stop_ || abort_epoch_.has_value(); });
+    if (abort_stop_) return;
+    // A deferred abort (Detection::abort false) waits; a newer alarm or
+    // the stop wakes it early.
+    while (!abort_stop_ && absl::Now() < abort_at_) {
+      abort_cv_.wait_for(lock, absl::ToChronoNanoseconds(abort_at_ - absl::Now()));
+    }
     if (abort_stop_) return;
     const uint64_t epoch = *abort_epoch_;
     abort_epoch_.reset();
@@ -176,7 +183,8 @@ void ElasticLoop::ReportFailure(const absl::Status& error) {
   (void)monitor_->Raise(d);
 }
 
-absl::Status ElasticLoop::RequestChange(const std::vector<int>& evict, const std::string& why) {
+absl::Status ElasticLoop::RequestChange(const std::vector<int>& evict, const std::string& why,
+                                        bool abort_at_once) {
   for (int r : evict) {
     if (membership_.RootRankOf(r) < 0) {
       return absl::InvalidArgumentError(
@@ -188,6 +196,7 @@ absl::Status ElasticLoop::RequestChange(const std::vector<int>& evict, const std
   d.reporter = rank_;
   d.evict = evict;
   d.detail = why;
+  d.abort = abort_at_once;
   d.found_at = d.failed_at = absl::Now();
   absl::StatusOr<Detection> won = monitor_->Raise(d);
   return won.status();

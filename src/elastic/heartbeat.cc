@@ -43,6 +43,7 @@ std::string EncodeDetection(const Detection& d) {
                       {"suspect", d.suspect},
                       {"evict", d.evict},
                       {"detail", d.detail},
+                      {"abort", d.abort},
                       {"found_at", Unix(d.found_at)},
                       {"failed_at", Unix(d.failed_at)}};
   return j.dump();
@@ -64,6 +65,7 @@ absl::StatusOr<Detection> DecodeDetection(absl::string_view text) {
     d.suspect = j.at("suspect").get<int>();
     d.evict = j.at("evict").get<std::vector<int>>();
     d.detail = j.at("detail").get<std::string>();
+    d.abort = j.value("abort", true);
     d.found_at = FromUnix(j.at("found_at").get<double>());
     d.failed_at = FromUnix(j.at("failed_at").get<double>());
   } catch (const nlohmann::json::exception& e) {

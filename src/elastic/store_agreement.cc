@@ -225,7 +225,16 @@ class StoreAgreement final : public Agreement {
       d.failed.push_back(m);
       d.failed_why.push_back(why);
     }
-    const size_t n = current.members.size();
+    // The majority is of the members not evicted by a planned change: those
+    // are alive and leave by a decision every rank took, not lost.
+    size_t n = current.members.size();
+    if (d.cause.source == DetectionSource::kRequest) {
+      for (int m : d.cause.evict) {
+        if (std::find(current.members.begin(), current.members.end(), m) != current.members.end()) {
+          --n;
+        }
+      }
+    }
     if (seen.size() * 2 <= n) {
       d.kind = Decision::Kind::kStop;
       d.stop_reason =
@@ -253,9 +262,14 @@ class StoreAgreement final : public Agreement {
     if (!written.ok()) return strata::internal::Annotate(written.status(), where);
     // Fence: a member taken as failed whose process still exists on this
     // host (stopped, hung) is killed, so that it cannot resume on a stale
-    // state and its launcher can finish.
+    // state and its launcher can finish. Not a rank a planned change
+    // evicts: it is alive and leaves by itself, saying why.
     if (options_.fence_unresponsive && d.kind == Decision::Kind::kContinue) {
       for (int m : d.failed) {
+        if (d.cause.source == DetectionSource::kRequest &&
+            std::find(d.cause.evict.begin(), d.cause.evict.end(), m) != d.cause.evict.end()) {
+          continue;
+        }
         auto p = processes.find(m);
         if (p == processes.end()) {
           absl::StatusOr<std::optional<std::string>> hb = Peek(keys.Heartbeat(m));

@@ -202,7 +202,13 @@ class UlfmAgreement final : public Agreement {
     }
     d.failed = std::move(sorted_failed);
     d.failed_why = std::move(sorted_why);
-    if (live * 2 <= n) {
+    // The majority is of the members not evicted by a planned change (alive,
+    // leaving by a decision every rank took).
+    int voters = n;
+    if (d.cause.source == DetectionSource::kRequest) {
+      for (int job : d.cause.evict) voters -= current.RootRankOf(job) >= 0 ? 1 : 0;
+    }
+    if (live * 2 <= voters) {
       d.kind = Decision::Kind::kStop;
       d.stop_reason =
           absl::StrCat("only ", live, " of the ", n, " members of epoch ", current.epoch,

@@ -54,6 +54,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "strata/base/export.h"
 #include "strata/comm/store.h"
 #include "strata/elastic/agreement.h"
@@ -140,8 +141,12 @@ class STRATA_EXPORT ElasticLoop {
   void ReportFailure(const absl::Status& error);
   // A planned membership change: `evict` (job ranks, alive) leave with
   // their replicas, as if they had failed; empty: the survivors regroup
-  // onto the same mesh. Raises the alarm like a failure.
-  absl::Status RequestChange(const std::vector<int>& evict, const std::string& why);
+  // onto the same mesh. Raises the alarm like a failure; with
+  // `abort_at_once` false, communicators are aborted only if the epoch is
+  // still current `heartbeat_timeout` later (Detection::abort: for a
+  // decision every rank takes at the same point of its loop).
+  absl::Status RequestChange(const std::vector<int>& evict, const std::string& why,
+                             bool abort_at_once = true);
   // True once this rank knows of the current epoch's alarm.
   bool alarmed() const;
 
@@ -184,6 +189,7 @@ class STRATA_EXPORT ElasticLoop {
   std::mutex abort_mu_;
   std::condition_variable abort_cv_;
   std::optional<uint64_t> abort_epoch_;  // guarded by abort_mu_: an abort to do
+  absl::Time abort_at_;                  // guarded by abort_mu_: when to do it
   bool abort_stop_ = false;              // guarded by abort_mu_
   std::thread aborter_;
   // One attempt; `decided` gets the event of its decision (before the

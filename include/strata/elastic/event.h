@@ -53,6 +53,13 @@ struct STRATA_EXPORT Detection {
   std::vector<int> evict;
   // The error's message, or what the monitor saw.
   std::string detail;
+  // Whether every rank aborts its communicators as soon as it knows (so a
+  // collective blocked on a failed peer returns). A planned change whose
+  // ranks all stop at the same point (every rank took the same decision
+  // from the same numbers, as the straggler policy does) sets false: their
+  // operations in flight complete, and the abort comes only if the epoch
+  // is still current `heartbeat_timeout` later (a rank stuck anyway).
+  bool abort = true;
   // When the reporter found it, and when the failure is estimated to have
   // happened (the same, except for a heartbeat: the last change seen).
   absl::Time found_at = absl::InfinitePast();

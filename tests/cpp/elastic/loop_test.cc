@@ -8,8 +8,8 @@
 // is kept, so the reference does not depend on dp). Also: two failures in
 // a row, a partition that loses the store (the minority stops, the
 // majority trains on; without a majority nobody does), 50 planned regroups in one process without
-// leaking threads, file descriptors or memory, and heartbeats that go on while an abort of the
-// World blocks.
+// leaking threads, file descriptors or memory, heartbeats that go on while an abort of the
+// World blocks, and a planned eviction every rank decided (no abort, no minority).
 #include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -371,6 +371,105 @@ TEST(ElasticLoopTest, WithoutAMajorityNobodyTrainsOn) {
       EXPECT_THAT(s.message(), ::testing::HasSubstr("not a majority")) << s;
     }
   }
+}
+
+// The straggler policy's eviction: every rank takes the same decision at
+// the same point and asks for it with abort_at_once = false. The World is
+// not aborted then (a collective in flight completes: here one started
+// after the request), and evicting half of the members is no minority (the
+// majority counts the members not evicted): ranks 1 and 3 leave, 0 and 2
+// go on as dp2.
+TEST(ElasticLoopTest, AnEvictionEveryRankDecidedDoesNotAbortAndIsNoMinority) {
+  constexpr int n = 4;
+  auto store = MakeMemoryStore();
+  std::vector<ElasticLoop::Outcome> outcomes(n);
+  std::vector<Membership> after(n);
+  std::vector<double> sums(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      RootOptions ro;
+      ro.comm.timeout = absl::Seconds(60);
+      auto root = gloo::GlooCommunicator::CreateRoot(ro, store, r, n);
+      ASSERT_TRUE(root.ok()) << root.status();
+      MeshSpec spec;
+      spec.world_size = n;
+      auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+      ASSERT_TRUE(world.ok()) << world.status();
+      ElasticOptions o = TestOptions();
+      o.job = "evict-half";
+      auto loop = ElasticLoop::Create(**world, store, o);
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      ASSERT_TRUE((*loop)->RequestChange({1, 3}, "test: stragglers", false).ok());
+      ASSERT_TRUE((*loop)->alarmed());
+      // Still usable: every rank asked the same, nobody aborted.
+      double x = 1;
+      auto w = (*world)->root().AllReduce(ConstBuffer(&x, 1, DataType::kFloat64), Buffer::Of(&x, 1),
+                                          ReduceOp::kSum);
+      ASSERT_TRUE(w.ok()) << w.status();
+      absl::Status waited = (*w)->Wait();
+      ASSERT_TRUE(waited.ok()) << waited;
+      sums[r] = x;
+      absl::StatusOr<ElasticLoop::Recovery> rec = (*loop)->Recover();
+      ASSERT_TRUE(rec.ok()) << "rank " << r << ": " << rec.status();
+      outcomes[r] = rec->outcome;
+      after[r] = (*loop)->membership();
+      if (rec->outcome == ElasticLoop::Outcome::kContinue) {
+        EXPECT_EQ(rec->event.cause.source, DetectionSource::kRequest);
+        EXPECT_FALSE(rec->event.cause.abort);
+        EXPECT_THAT(rec->event.failed, ElementsAre(1, 3));
+        double y = 1;
+        auto v = (*world)->root().AllReduce(ConstBuffer(&y, 1, DataType::kFloat64),
+                                            Buffer::Of(&y, 1), ReduceOp::kSum);
+        ASSERT_TRUE(v.ok() && (*v)->Wait().ok());
+        EXPECT_EQ(y, 2);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(sums[r], n) << "rank " << r;
+    EXPECT_EQ(outcomes[r], r % 2 ? ElasticLoop::Outcome::kLeave : ElasticLoop::Outcome::kContinue)
+        << "rank " << r;
+  }
+  EXPECT_THAT(after[0].members, ElementsAre(0, 2));
+  EXPECT_EQ(after[0].mesh.dp, 2);
+  EXPECT_EQ(after[0].epoch, 2u);
+}
+
+// A deferred abort still comes when the epoch outlives it: a rank stuck
+// after such a request (here: one that never recovers) has its World
+// aborted `heartbeat_timeout` after the alarm, not at once.
+TEST(ElasticLoopTest, ADeferredAbortComesAfterTheHeartbeatTimeout) {
+  auto store = MakeMemoryStore();
+  RootOptions ro;
+  ro.comm.timeout = absl::Seconds(60);
+  auto root = gloo::GlooCommunicator::CreateRoot(ro, store, 0, 1);
+  ASSERT_TRUE(root.ok()) << root.status();
+  MeshSpec spec;
+  spec.world_size = 1;
+  auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::atomic<int> aborts{0};
+  std::atomic<int64_t> aborted_ns{0};
+  ElasticHooks hooks;
+  hooks.abort_all = [&] {
+    aborted_ns.store(absl::ToUnixNanos(absl::Now()));
+    ++aborts;
+  };
+  ElasticOptions o = TestOptions();  // heartbeat_timeout 600 ms
+  o.job = "deferred-abort";
+  auto loop = ElasticLoop::Create(**world, store, o, hooks);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const absl::Time asked = absl::Now();
+  ASSERT_TRUE((*loop)->RequestChange({}, "test: deferred", false).ok());
+  absl::SleepFor(o.heartbeat_timeout / 3);
+  EXPECT_EQ(aborts.load(), 0) << "aborted at once";
+  const absl::Time deadline = asked + o.heartbeat_timeout + absl::Seconds(10);
+  while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(aborts.load(), 1) << "no abort within the heartbeat timeout and 10 s";
+  EXPECT_GE(absl::FromUnixNanos(aborted_ns.load()) - asked, o.heartbeat_timeout);
+  loop->reset();
 }
 
 int CountEntries(const std::string& dir) {
