@@ -4,7 +4,9 @@ dp x tp x pp with 1F1B and DataParallel), built twice over two Worlds of the
 same ranks, one with the flight recorder (the default) and one without
 (strata.init(trace=False)), trained in alternating rounds of steps so that
 the machine's noise falls on both alike. Rank 0 prints one JSON line: the
-median over rounds of the slowest rank's time per step, per side.
+median over rounds of the slowest rank's time per step, per side, and the
+operations per step the recorder saw (the most of any rank: the figure
+that, times the cost of recording one, gives the recorder's share).
 """
 
 import json
@@ -50,12 +52,15 @@ def main():
     times = {"on": [], "off": []}
     step = 0
 
+    ops_per_step = []
+
     def run(side, n):
         nonlocal step
         world = worlds[side]
         schedule, opt = models[side]
         dp = world.group("dp")
         world.group().barrier()
+        t_ns = time.time_ns()
         t0 = time.perf_counter()
         for _ in range(n):
             step += 1
@@ -64,6 +69,13 @@ def main():
             schedule.step(ids.t(), targets.t())
             opt.step()
         mine = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64)
+        if side == "on":
+            # Counted after the timing: the operations this rank issued in
+            # the round (the ring holds 2000, more than a round's).
+            ops = [o for o in world._raw.recorded_ops(t_ns) if o["created_ns"] >= t_ns]
+            count = torch.tensor([len(ops) / n], dtype=torch.float64)
+            world.group().all_reduce(count, op="max")
+            ops_per_step.append(count.item())
         world.group().all_reduce(mine, op="max")
         return mine.item()
 
@@ -79,6 +91,7 @@ def main():
                           else f"{env.world_size} ranks, tp2 pp2", "rounds": rounds,
                           "steps_per_round": steps, "s_per_step_on": on, "s_per_step_off": off,
                           "ratio": on / off, "rounds_on": times["on"],
+                          "ops_per_step": statistics.median(ops_per_step),
                           "rounds_off": times["off"]}), flush=True)
     for w in worlds.values():
         w.destroy()

@@ -13,16 +13,27 @@ same run:
   and one with strata.init(trace=False), trained in alternating rounds
   (flight_recorder_demo_worker.py).
 
-    python3 benchmarks/run_flight_recorder.py [--build build] [--rounds 21]
+- the share of the demo's step time recording implies: the operations per
+  step the recorder saw in that run x the CPU time recording one takes
+  (build/benchmarks/metrics_sink_bench's BM_OperationLife: the record, the
+  trace, start, completion, the wait's clock reads, the release), for the
+  recorder alone and for metrics + recorder (with the C++ step record).
 
-Writes benchmarks/results/flight_recorder.json. Target (issue 26): <= 1% step
-time (ratio <= 1.01), metrics and flight recorder together; this is the
-recorder's share.
+    python3 benchmarks/run_flight_recorder.py [--build build] [--rounds 21]
+        [--before OLD_BUILD]
+
+--before: the build folder of the code to compare with; its
+flight_recorder_bench and comm_record_overhead run in alternating rounds
+with this build's. Writes
+benchmarks/results/flight_recorder.json. Target (issue 26): <= 1% step
+time, metrics and flight recorder together; this is the recorder's share,
+and the demo's share for both.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import sysconfig
@@ -47,36 +58,77 @@ def main():
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--demo-rounds", type=int, default=9)
     ap.add_argument("--demo-steps", type=int, default=3)
+    ap.add_argument("--before", help="the build folder of the code to compare with")
     args = ap.parse_args()
     rows = []
-    # The recorder's own cost per operation, in one process.
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        subprocess.run([os.path.join(args.build, "benchmarks", "flight_recorder_bench"),
-                        "--benchmark_repetitions=5", "--benchmark_report_aggregates_only=true",
-                        f"--benchmark_out={out.name}", "--benchmark_out_format=json"],
-                       check=True, timeout=600, stdout=subprocess.DEVNULL)
-        bm = {b["name"]: b["real_time"] for b in json.load(open(out.name))["benchmarks"]
-              if b.get("aggregate_name") == "median"}
+    # The recorder's own cost per operation, in one process (CPU time: the
+    # machine is shared), this build's and --before's in alternating rounds.
+    bins = {"after": os.path.join(args.build, "benchmarks", "flight_recorder_bench")}
+    if args.before:
+        bins["before"] = os.path.join(args.before, "benchmarks", "flight_recorder_bench")
+    samples = {k: {} for k in bins}
+    for r in range(3):
+        for k in (list(bins) if r % 2 == 0 else list(reversed(list(bins)))):
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                subprocess.run([bins[k], "--benchmark_repetitions=3",
+                                f"--benchmark_out={out.name}", "--benchmark_out_format=json"],
+                               check=True, timeout=600, stdout=subprocess.DEVNULL)
+                for b in json.load(open(out.name))["benchmarks"]:
+                    if b.get("run_type") == "iteration":
+                        samples[k].setdefault(b["run_name"], []).append(b["cpu_time"])
+    bm = {k: {n: statistics.median(v) for n, v in t.items()} for k, t in samples.items()}
     for threads in (1, 4):
-        on = bm[f"BM_RecordOneOperation/1/real_time/threads:{threads}_median"]
-        trivial = bm[f"BM_RecordOneOperation/0/real_time/threads:{threads}_median"]
-        rows.append({"case": f"one operation's record (issued, started, completed), "
-                             f"{threads} thread{'s' if threads > 1 else ''}",
-                     "metric": "time per operation, flight recorder", "unit": "ns",
-                     "strata": on, "peer": "trivial sink (3 atomic increments)",
-                     "peer_value": trivial, "target": None})
+        name = f"BM_RecordOneOperation/{{}}/real_time/threads:{threads}"
+        for which, label in ((1, "flight recorder"), (0, "trivial sink (3 atomic increments)")):
+            before = bm.get("before", {}).get(name.format(which))
+            rows.append({"case": f"one operation's record (issued, started, completed), "
+                                 f"{threads} thread{'s' if threads > 1 else ''}",
+                         "metric": f"CPU time per operation, {label}", "unit": "ns",
+                         "strata": bm["after"][name.format(which)],
+                         "peer": "before (same run)" if before is not None else None,
+                         "peer_value": before, "target": None})
+    # Everything recording adds to one operation, for the share below.
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([os.path.join(args.build, "benchmarks", "metrics_sink_bench"),
+                        "--benchmark_filter=OperationLife/.*/threads:1$|RecordStep",
+                        "--benchmark_repetitions=5", f"--benchmark_out={out.name}",
+                        "--benchmark_out_format=json"],
+                       check=True, timeout=600, stdout=subprocess.DEVNULL)
+        life = {}
+        for b in json.load(open(out.name))["benchmarks"]:
+            if b.get("run_type") == "iteration":
+                life.setdefault(b["run_name"], []).append(b["cpu_time"])
+        life = {n: statistics.median(v) for n, v in life.items()}
+    loops = {"after": args.build}
+    if args.before:
+        loops["before"] = args.before
     for count in (1, 1024):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            subprocess.run(mpirun(2) + [os.path.join(args.build, "benchmarks",
-                                                     "comm_record_overhead"),
-                                        "--iters", str(args.iters), "--rounds", str(args.rounds),
-                                        "--count", str(count), "--json", out.name],
-                           check=True, timeout=900)
-            r = json.load(open(out.name))
+        runs = {k: [] for k in loops}
+        for r in range(3 if args.before else 1):
+            for k in (list(loops) if r % 2 == 0 else list(reversed(list(loops)))):
+                with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                    subprocess.run(mpirun(2) + [os.path.join(loops[k], "benchmarks",
+                                                             "comm_record_overhead"),
+                                                "--iters", str(args.iters),
+                                                "--rounds", str(args.rounds),
+                                                "--count", str(count), "--json", out.name],
+                                   check=True, timeout=900, stdout=subprocess.DEVNULL)
+                    runs[k].append(json.load(open(out.name)))
+        med = {k: {f: statistics.median(x[f] for x in v) for f in ("us_per_op_on",
+                                                                      "us_per_op_off")}
+               for k, v in runs.items()}
         rows.append({"case": f"allreduce {count} x fp32 on 2 ranks (mpi), start+wait loop",
                      "metric": "time per operation, flight recorder on", "unit": "us",
-                     "strata": r["us_per_op_on"], "peer": "recorder off (no sink), same run",
-                     "peer_value": r["us_per_op_off"], "target": "<= 1.01"})
+                     "strata": med["after"]["us_per_op_on"],
+                     "peer": "recorder off (no sink), same run",
+                     "peer_value": med["after"]["us_per_op_off"], "target": "<= 1.01"})
+        if "before" in med:
+            rows.append({"case": f"allreduce {count} x fp32 on 2 ranks (mpi), start+wait loop",
+                         "metric": "recorder on minus off, this build", "unit": "us",
+                         "strata": med["after"]["us_per_op_on"] - med["after"]["us_per_op_off"],
+                         "peer": "the same, before (alternating runs)",
+                         "peer_value": (med["before"]["us_per_op_on"]
+                                        - med["before"]["us_per_op_off"])})
     env = dict(os.environ, PYTHONPATH=os.path.join(args.build, "python"), OMP_NUM_THREADS="1")
     proc = subprocess.run(mpirun(8) + ["--mca", "mpi_yield_when_idle", "1", sys.executable,
                                        os.path.join(HERE, "flight_recorder_demo_worker.py"),
@@ -89,12 +141,30 @@ def main():
                  "metric": "time per training step, flight recorder on", "unit": "s",
                  "strata": demo["s_per_step_on"], "peer": "recorder off, same run",
                  "peer_value": demo["s_per_step_off"], "target": "<= 1.01"})
+    ops, step_s = demo["ops_per_step"], demo["s_per_step_on"]
+    for which, label, per_step in ((1, "flight recorder", 0.0),
+                                   (3, "metrics + flight recorder", life["BM_RecordStep"])):
+        per_op = life[f"BM_OperationLife/{which}/real_time/threads:1"]
+        rows.append({"case": (f"demo GPT, {demo['mesh']}, 8 ranks: {ops:.0f} ops/step x "
+                              f"{per_op:.0f} ns" + (f" + {per_step:.0f} ns/step" if per_step
+                                                    else "") + f", over {step_s * 1e3:.0f} ms"),
+                     "metric": f"{label}, share of step time", "unit": "%",
+                     "strata": (ops * per_op + per_step) * 1e-9 / step_s * 100,
+                     "peer": None, "peer_value": None, "target": "<= 1",
+                     "target_on": "strata"})
     notes = ("The flight recorder's share of issue 26's cost target (metrics + recorder "
-             "<= 1% of step time). Medians over rounds that alternate the sides, so that "
-             "load from other jobs on this shared 2-core machine falls on both; on 8 "
-             f"oversubscribed ranks that load moves single rounds by more than 1% "
+             "<= 1% of step time), judged by the share rows: the operations per step the "
+             "recorder counted in the demo run x the CPU time recording one operation takes "
+             "in isolation (caches warm; metrics_sink_bench BM_OperationLife, which includes "
+             "one clock read the communicator makes anyway). 'before': the same benchmark "
+             "built from the code before the lock-free ring, alternating rounds. The "
+             "allreduce loops are the worst case, not a training step: back-to-back "
+             "operations of a few microseconds, where the recording's few hundred "
+             "nanoseconds are a visible fraction. The demo's on/off ratio is a median over "
+             "rounds that alternate the sides; on 8 oversubscribed ranks of this shared "
+             "2-core machine single rounds move by more than 1% "
              f"(demo rounds on: {[round(x, 4) for x in demo['rounds_on']]}, off: "
-             f"{[round(x, 4) for x in demo['rounds_off']]}).")
+             f"{[round(x, 4) for x in demo['rounds_off']]}), so that ratio cannot resolve 1%.")
     path = bench_util.write_results("flight_recorder", " ".join(["python3"] + sys.argv), rows,
                                     notes)
     bench_util.print_rows(rows, path)

@@ -114,8 +114,8 @@ def main():
     rows.append({"case": case, "metric": "time for steps 2-40", "unit": "s",
                  "strata": med(strata_runs, "total_s"), "peer": "the same job, no policy",
                  "peer_value": med(off_runs, "total_s")})
-    notes = (f"Median over {args.runs} runs of each side, alternating. " + __doc__.split(
-        "\n\n")[2].replace("\n", " ") + " " + __doc__.split("\n\n")[3].replace("\n", " "))
+    notes = (f"Median over {args.runs} runs of each side, alternating. "
+             + " ".join(__doc__.split("\n\n")[2].split()))
     command = "python3 benchmarks/run_stragglers.py" + (
         f" --runs {args.runs}" if args.runs != 3 else "")
     path = bench_util.write_results("stragglers", command, rows, notes)

@@ -123,6 +123,7 @@ def parse(argv=None):
     p.add_argument("--straggler-factor", type=float, default=2.0)
     p.add_argument("--straggler-percentile", type=float, default=95.0)
     p.add_argument("--straggler-window", type=int, default=5)
+    p.add_argument("--straggler-exchange", default="auto", choices=["auto", "gather", "histogram"])
     p.add_argument("--slow", metavar="RANK:FACTOR:FIRST[:LAST]", action="append", default=[],
                    help="for tests: job rank RANK sleeps FACTOR x --step-sleep in steps FIRST to "
                         "LAST (a straggler made from inside; a rank can also be slowed from "
@@ -454,7 +455,8 @@ def main(argv=None):
     if args.straggler_policy != "off":
         options.straggler = elastic.StragglerPolicy(
             factor=args.straggler_factor, percentile=args.straggler_percentile,
-            window=args.straggler_window, action=args.straggler_policy)
+            window=args.straggler_window, action=args.straggler_policy,
+            exchange=args.straggler_exchange)
     if args.heartbeat_timeout:
         options.heartbeat_timeout = args.heartbeat_timeout
     if args.checkpoint_every or args.restore == "checkpoint":

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,7 +40,9 @@ std::string HostName() {
 }  // namespace
 
 FlightRecorder::FlightRecorder(const FlightRecorderOptions& options)
-    : on_error_(options.on_error), slots_(options.capacity) {
+    : on_error_(options.on_error),
+      capacity_(options.capacity),
+      slots_(std::make_unique<Slot[]>(options.capacity)) {
   STRATA_CHECK(options.version == FlightRecorderOptions::kVersion, "FlightRecorderOptions version ",
                options.version);
   STRATA_CHECK(options.capacity >= 1, "a flight recorder keeps at least one operation");
@@ -59,57 +62,108 @@ absl::StatusOr<std::shared_ptr<FlightRecorder>> FlightRecorder::Create(
   return std::make_shared<FlightRecorder>(options);
 }
 
-void FlightRecorder::OnScheduled(const OpRecord& record) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RecordedOp& slot = slots_[next_ % slots_.size()];
-  slot.record_id = next_++;
-  slot.record = record;
+namespace {
+
+// A slot's flag is held for a copy of one entry: spin a little, then let
+// the holder run.
+template <typename SlotT>
+void LockSlot(SlotT& slot) {
+  while (slot.busy.exchange(true, std::memory_order_acquire)) {
+    for (int i = 0; slot.busy.load(std::memory_order_relaxed); ++i) {
+      if (i >= 64) std::this_thread::yield();
+    }
+  }
 }
 
-RecordedOp* FlightRecorder::Find(const OpRecord& record) {
+template <typename SlotT>
+void UnlockSlot(SlotT& slot) {
+  slot.busy.store(false, std::memory_order_release);
+}
+
+}  // namespace
+
+class FlightRecorder::SlotLock {
+ public:
+  explicit SlotLock(Slot& slot) : slot_(slot) { LockSlot(slot_); }
+  ~SlotLock() { UnlockSlot(slot_); }
+  SlotLock(const SlotLock&) = delete;
+  SlotLock& operator=(const SlotLock&) = delete;
+
+ private:
+  Slot& slot_;
+};
+
+void FlightRecorder::OnScheduled(const OpRecord& record) {
+  const uint64_t id = next_.fetch_add(1, std::memory_order_relaxed);
+  Slot& slot = slots_[id % capacity_];
+  SlotLock lock(slot);
+  // An operation issued later on another thread may have taken the entry
+  // first (the ring went round while this one was between its number and
+  // here): the newer one stays.
+  if (slot.id_plus_one.load(std::memory_order_relaxed) > id) return;
+  slot.op.record_id = id;
+  slot.op.record = record;
+  slot.op_id.store(record.op_id, std::memory_order_relaxed);
+  slot.comm.store(record.comm.get(), std::memory_order_relaxed);
+  slot.id_plus_one.store(id + 1, std::memory_order_release);
+}
+
+FlightRecorder::Slot* FlightRecorder::FindLocked(const OpRecord& record) {
   // An operation completes soon after it is issued, so the search rarely
   // goes past the few operations issued since.
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(next_, slots_.size()));
-  for (size_t back = 1; back <= n; ++back) {
-    RecordedOp& slot = slots_[(next_ - back) % slots_.size()];
-    if (slot.record.op_id == record.op_id && slot.record.comm == record.comm) return &slot;
+  const uint64_t next = next_.load(std::memory_order_acquire);
+  const uint64_t n = std::min<uint64_t>(next, capacity_);
+  for (uint64_t back = 1; back <= n; ++back) {
+    Slot& slot = slots_[(next - back) % capacity_];
+    if (slot.op_id.load(std::memory_order_relaxed) != record.op_id ||
+        slot.comm.load(std::memory_order_relaxed) != record.comm.get()) {
+      continue;
+    }
+    LockSlot(slot);
+    // Still this operation's (not overwritten since the keys were read)?
+    if (slot.id_plus_one.load(std::memory_order_relaxed) != 0 &&
+        slot.op.record.op_id == record.op_id && slot.op.record.comm == record.comm) {
+      return &slot;
+    }
+    UnlockSlot(slot);
   }
   return nullptr;
 }
 
 void FlightRecorder::OnStarted(const OpRecord& record) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RecordedOp* slot = Find(record);
+  Slot* slot = FindLocked(record);
   if (slot == nullptr) return;
-  slot->record.state = record.state;
-  slot->record.time_started_ns = record.time_started_ns;
+  slot->op.record.state = record.state;
+  slot->op.record.time_started_ns = record.time_started_ns;
+  UnlockSlot(*slot);
 }
 
 void FlightRecorder::OnCompleted(const OpRecord& record) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    RecordedOp* slot = Find(record);
-    if (slot != nullptr) {
-      slot->record.state = record.state;
-      slot->record.time_started_ns = record.time_started_ns;
-      slot->record.time_completed_ns = record.time_completed_ns;
-      slot->record.status = record.status;
-    }
+  if (Slot* slot = FindLocked(record); slot != nullptr) {
+    slot->op.record.state = record.state;
+    slot->op.record.time_started_ns = record.time_started_ns;
+    slot->op.record.time_completed_ns = record.time_completed_ns;
+    slot->op.record.status = record.status;
+    UnlockSlot(*slot);
   }
   if (on_error_ && !record.status.ok() && !absl::IsCancelled(record.status)) on_error_(record);
 }
 
-uint64_t FlightRecorder::recorded() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return next_;
-}
+uint64_t FlightRecorder::recorded() const { return next_.load(std::memory_order_acquire); }
 
 std::vector<RecordedOp> FlightRecorder::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(next_, slots_.size()));
+  const uint64_t next = next_.load(std::memory_order_acquire);
+  const uint64_t n = std::min<uint64_t>(next, capacity_);
   std::vector<RecordedOp> out;
-  out.reserve(n);
-  for (uint64_t id = next_ - n; id < next_; ++id) out.push_back(slots_[id % slots_.size()]);
+  out.reserve(static_cast<size_t>(n));
+  for (uint64_t id = next - n; id < next; ++id) {
+    Slot& slot = slots_[id % capacity_];
+    SlotLock lock(slot);
+    // Skipped: an entry whose operation has its number but is not written
+    // yet, or one already overwritten by an operation issued since.
+    if (slot.id_plus_one.load(std::memory_order_relaxed) != id + 1) continue;
+    out.push_back(slot.op);
+  }
   return out;
 }
 
@@ -234,7 +288,7 @@ std::string FlightRecorder::DumpJson(const DumpOptions& options) const {
            {"host", HostName()},
            {"pid", static_cast<int64_t>(getpid())},
            {"reason", options.reason},
-           {"capacity", slots_.size()},
+           {"capacity", capacity_},
            {"recorded", total},
            {"dump_time_ns", absl::GetCurrentTimeNanos()},
        }},

@@ -3,6 +3,7 @@
 // in metrics_export.cc.
 #include "strata/observe/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -76,44 +77,117 @@ class Sink : public OpSink {
 
 }  // namespace
 
+PendingHistogram::PendingHistogram(prometheus::Histogram* target, const std::vector<double>* bounds)
+    : target_(target),
+      bounds_(*bounds),
+      counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds->size() + 1)) {}
+
+void PendingHistogram::ObserveNanos(int64_t ns) {
+  const double seconds = static_cast<double>(ns) * 1e-9;
+  // prometheus-cpp's bucket: the first bound >= the value (le), else +Inf.
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), seconds) -
+                                       bounds_.begin());
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(ns, std::memory_order_relaxed);
+}
+
+void PendingHistogram::Flush() {
+  std::vector<double> increments(bounds_.size() + 1);
+  bool any = false;
+  for (size_t i = 0; i < increments.size(); ++i) {
+    const uint64_t n = counts_[i].exchange(0, std::memory_order_relaxed);
+    increments[i] = static_cast<double>(n);
+    any = any || n != 0;
+  }
+  const int64_t sum_ns = sum_ns_.exchange(0, std::memory_order_relaxed);
+  if (any || sum_ns != 0) target_->ObserveMultiple(increments, static_cast<double>(sum_ns) * 1e-9);
+}
+
+GroupSeries& Core::Group(const CommRecord* comm) {
+  if (comm != nullptr) {
+    if (void* found = comm->sink_slots.Find(this)) return *static_cast<GroupSeries*>(found);
+  }
+  // The communicator's first operation seen here (or no slot was free):
+  // by name, once.
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<GroupSeries>& g = groups[comm != nullptr ? comm->name : std::string()];
+  if (g == nullptr) g = std::make_unique<GroupSeries>();
+  if (comm != nullptr) comm->sink_slots.Attach(this, g.get());
+  return *g;
+}
+
 void Core::OnCompleted(const OpRecord& r) {
   if (r.kind == OpKind::kSplit || r.kind == OpKind::kShrink) return;
-  const std::string& backend = r.comm ? r.comm->backend : std::string("unknown");
   if (!r.status.ok()) {
-    comm_errors->Add({{"backend", backend}}).Increment();
+    comm_errors->Add({{"backend", r.comm != nullptr ? r.comm->backend : std::string("unknown")}})
+        .Increment();
     return;
   }
-  const double seconds = r.time_completed_ns > r.time_created_ns
-                             ? static_cast<double>(r.time_completed_ns - r.time_created_ns) * 1e-9
-                             : 0.0;
-  const double bytes = MessageBytes(r);
-  const std::string& group = r.comm ? r.comm->name : std::string();
-  const int size = r.comm ? r.comm->size : 1;
-  std::lock_guard<std::mutex> lock(mu);
-  auto [it, inserted] = collectives.try_emplace({group, static_cast<int>(r.kind)});
-  CollectiveSeries& s = it->second;
-  if (inserted) {
-    prometheus::Labels labels{{"group", group}, {"op", OpKindName(r.kind)}};
-    s.duration = &collective_duration->Add(labels, collective_buckets);
-    s.bytes = &collective_bytes->Add(labels);
-    s.busbw = &collective_busbw->Add(labels);
+  const int64_t ns =
+      r.time_completed_ns > r.time_created_ns ? r.time_completed_ns - r.time_created_ns : 0;
+  GroupSeries& g = Group(r.comm.get());
+  const int kind = static_cast<int>(r.kind);
+  CollectiveSeries* s = g.ops[kind].load(std::memory_order_acquire);
+  if (s == nullptr) {
+    std::lock_guard<std::mutex> lock(mu);
+    s = g.ops[kind].load(std::memory_order_relaxed);
+    if (s == nullptr) {
+      const std::string group = r.comm != nullptr ? r.comm->name : std::string();
+      std::unique_ptr<CollectiveSeries>& owned = collectives[{group, kind}];
+      if (owned == nullptr) {
+        prometheus::Labels labels{{"group", group}, {"op", OpKindName(r.kind)}};
+        owned = std::make_unique<CollectiveSeries>(
+            &collective_duration->Add(labels, collective_buckets), &collective_bytes->Add(labels),
+            &collective_busbw->Add(labels), &collective_buckets);
+      }
+      s = owned.get();
+      g.ops[kind].store(s, std::memory_order_release);
+    }
   }
-  s.duration->Observe(seconds);
-  s.bytes->Increment(bytes);
-  s.bytes_total += bytes;
-  s.seconds_total += seconds;
-  if (s.seconds_total > 0)
-    s.busbw->Set(s.bytes_total / s.seconds_total * BusBwFactor(r.kind, size));
-  window.collective_seconds += seconds;
+  const double bytes = MessageBytes(r);
+  s->duration.ObserveNanos(ns);
+  s->bytes->Increment(bytes);
+  const uint64_t bytes_total =
+      s->bytes_total.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed) +
+      static_cast<uint64_t>(bytes);
+  const int64_t ns_total = s->ns_total.fetch_add(ns, std::memory_order_relaxed) + ns;
+  if (ns_total > 0) {
+    s->busbw->Set(static_cast<double>(bytes_total) / (static_cast<double>(ns_total) * 1e-9) *
+                  BusBwFactor(r.kind, r.comm != nullptr ? r.comm->size : 1));
+  }
+  window_collective_ns.fetch_add(ns, std::memory_order_relaxed);
 }
 
 void Core::OnWaited(const CommRecord& comm, int64_t waited_ns) {
   if (waited_ns <= 0) return;
   wait_ns_total.fetch_add(waited_ns, std::memory_order_relaxed);
+  GroupSeries& g = Group(&comm);
+  prometheus::Counter* counter = g.wait.load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    std::lock_guard<std::mutex> lock(mu);
+    counter = g.wait.load(std::memory_order_relaxed);
+    if (counter == nullptr) {
+      counter = &collective_wait->Add({{"group", comm.name}});
+      g.wait.store(counter, std::memory_order_release);
+    }
+  }
+  counter->Increment(static_cast<double>(waited_ns) * 1e-9);
+}
+
+void Core::Flush() {
   std::lock_guard<std::mutex> lock(mu);
-  auto [it, inserted] = waits.try_emplace(comm.name, nullptr);
-  if (inserted) it->second = &collective_wait->Add({{"group", comm.name}});
-  it->second->Increment(static_cast<double>(waited_ns) * 1e-9);
+  for (auto& [key, series] : collectives) series->duration.Flush();
+}
+
+std::vector<prometheus::MetricFamily> Core::Collect() {
+  Flush();
+  return registry->Collect();
+}
+
+std::vector<prometheus::MetricFamily> CoreCollectable::Collect() const {
+  std::shared_ptr<Core> core = core_.lock();
+  if (core == nullptr) return {};
+  return core->Collect();
 }
 
 void RegisterBuiltins(Core& c) {

@@ -11,23 +11,59 @@
 #include <utility>
 #include <vector>
 
+#include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/registry.h"
 #include "strata/observe/metrics.h"
 
 namespace strata::observe::metrics_internal {
 
-// One {group, op} of the collective families.
+// Observations of one histogram not yet handed to its prometheus-cpp
+// Histogram (whose Observe takes a mutex): a count per bucket and the sum
+// in nanoseconds, in atomics, so recording one takes two atomic adds.
+// Flush() moves them over (ObserveMultiple) before each collection.
+class PendingHistogram {
+ public:
+  // `target` and `bounds` (seconds, increasing) outlive this.
+  PendingHistogram(prometheus::Histogram* target, const std::vector<double>* bounds);
+  void ObserveNanos(int64_t ns);
+  // Hands what was observed since the last Flush to the target. One
+  // flusher at a time (Core::mu); Observe may run at the same time (an
+  // observation in flight lands in this flush or the next one).
+  void Flush();
+
+ private:
+  prometheus::Histogram* const target_;
+  const std::vector<double>& bounds_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // bounds + the +Inf bucket
+  std::atomic<int64_t> sum_ns_{0};
+};
+
+// One {group, op} of the collective families, made on its first operation
+// and never moved (the sink keeps pointers to it).
 struct CollectiveSeries {
-  prometheus::Histogram* duration = nullptr;
+  CollectiveSeries(prometheus::Histogram* d, prometheus::Counter* b, prometheus::Gauge* bw,
+                   const std::vector<double>* buckets)
+      : duration(d, buckets), bytes(b), busbw(bw) {}
+  PendingHistogram duration;
   prometheus::Counter* bytes = nullptr;
   prometheus::Gauge* busbw = nullptr;
-  double bytes_total = 0;
-  double seconds_total = 0;
+  std::atomic<uint64_t> bytes_total{0};
+  std::atomic<int64_t> ns_total{0};
+};
+
+constexpr int kOpKinds = static_cast<int>(OpKind::kShrink) + 1;
+
+// The series of one group, found from a communicator's CommRecord
+// (SinkSlots) without a lookup; each filled once, under Core::mu.
+struct GroupSeries {
+  std::atomic<CollectiveSeries*> ops[kOpKinds] = {};
+  std::atomic<prometheus::Counter*> wait{nullptr};
 };
 
 enum class CustomKind { kCounter, kGauge, kHistogram };
@@ -57,10 +93,14 @@ struct Core {
   std::mutex mu;
   double flops_per_token = 0;
   double peak_flops = 0;
-  std::map<std::pair<std::string, int>, CollectiveSeries> collectives;
-  std::map<std::string, prometheus::Counter*> waits;  // by group
+  // By group name, then by op; the sink reaches them through GroupSeries.
+  std::map<std::string, std::unique_ptr<GroupSeries>> groups;
+  std::map<std::pair<std::string, int>, std::unique_ptr<CollectiveSeries>> collectives;
   // Every Work::Wait's blocked time so far (CollectiveWaitSeconds).
   std::atomic<int64_t> wait_ns_total{0};
+  // Issue-to-completion time of the operations since the last
+  // ClusterSample (folded into window.collective_seconds there).
+  std::atomic<int64_t> window_collective_ns{0};
   // Every family name registered, builtin or custom, with its kind (builtins
   // are never custom, so any clash is refused).
   std::map<std::string, CustomKind> custom_kinds;
@@ -87,6 +127,23 @@ struct Core {
   // Called by the sink.
   void OnCompleted(const OpRecord& record);
   void OnWaited(const CommRecord& comm, int64_t waited_ns);
+  // The series of `comm`'s group (`comm` may be null: the group "").
+  GroupSeries& Group(const CommRecord* comm);
+  // Hands pending histogram observations to the registry; before every
+  // Collect of it.
+  void Flush();
+  // Flush(), then the registry's Collect.
+  std::vector<prometheus::MetricFamily> Collect();
+};
+
+// What the HTTP exposer collects: the Core's Collect (flushing first).
+class CoreCollectable : public prometheus::Collectable {
+ public:
+  explicit CoreCollectable(std::weak_ptr<Core> core) : core_(std::move(core)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::weak_ptr<Core> core_;
 };
 
 // Registers the builtin families on `core` (Create).
@@ -107,6 +164,7 @@ class Metrics::Impl {
   std::shared_ptr<metrics_internal::Core> core;
   std::shared_ptr<OpSink> sink;
   std::mutex mu;  // guards exposer and port (StopServing)
+  std::shared_ptr<metrics_internal::CoreCollectable> collectable;
   // Declared last: destroyed first, so no scrape runs while the rest goes.
   std::unique_ptr<prometheus::Exposer> exposer;
   int port = -1;

@@ -43,7 +43,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     try {
       // One server thread: a scrape is a few kilobytes.
       impl->exposer = std::make_unique<prometheus::Exposer>(address, 1);
-      impl->exposer->RegisterCollectable(c.registry);
+      impl->collectable = std::make_shared<metrics_internal::CoreCollectable>(impl->core);
+      impl->exposer->RegisterCollectable(impl->collectable);
       std::vector<int> ports = impl->exposer->GetListeningPorts();
       impl->port = ports.empty() ? -1 : ports.front();
     } catch (const std::exception& e) {
@@ -72,7 +73,7 @@ void Metrics::StopServing() {
 }
 
 std::string Metrics::Serialize() const {
-  return prometheus::TextSerializer().Serialize(impl_->core->registry->Collect());
+  return prometheus::TextSerializer().Serialize(impl_->core->Collect());
 }
 
 absl::Status Metrics::WriteFile() const {
@@ -175,6 +176,8 @@ const std::vector<std::string>& ClusterFigureNames() {
 std::vector<double> Metrics::ClusterSample() {
   Core& c = *impl_->core;
   std::lock_guard<std::mutex> lock(c.mu);
+  c.window.collective_seconds +=
+      static_cast<double>(c.window_collective_ns.exchange(0, std::memory_order_relaxed)) * 1e-9;
   const Core::Window& w = c.window;
   if (w.steps == 0 && !c.last_sample.empty()) {
     // Nothing new: the previous figures still describe this rank.

@@ -1,5 +1,6 @@
 #include "strata/observe/op_record.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -122,51 +123,108 @@ std::shared_ptr<OpSink> MakeFanOutSink(std::vector<std::shared_ptr<OpSink>> sink
   return std::make_shared<FanOutSink>(std::move(kept));
 }
 
+bool SinkSlots::Attach(const void* owner, void* value) const {
+  for (int i = 0; i < kSlots; ++i) {
+    const void* expected = nullptr;
+    if (owners_[i].compare_exchange_strong(expected, owner, std::memory_order_acq_rel)) {
+      values_[i].store(value, std::memory_order_release);
+      return true;
+    }
+    if (expected == owner) return true;
+  }
+  return false;
+}
+
 OpTrace::OpTrace(std::shared_ptr<OpSink> sink, OpRecord record)
     : sink_(std::move(sink)), record_(std::move(record)) {
   STRATA_CHECK(sink_ != nullptr, "an OpTrace needs a sink");
-  std::lock_guard<std::mutex> lock(mu_);
+  // Nobody else has the trace yet.
   sink_->OnScheduled(record_);
 }
 
 OpTrace::~OpTrace() {
   // Nobody reported the end: say so rather than leave the operation
-  // scheduled for ever in the sink's view.
+  // scheduled for ever in the sink's view. (The last owner: no other
+  // thread reports any more.)
+  if ((flags_.load(std::memory_order_acquire) & kCompleteClaimed) != 0) return;
   Completed(absl::CancelledError(
       absl::StrCat(OpKindName(record_.kind), " was dropped before it completed")));
 }
 
 void OpTrace::Started() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (record_.state != OpState::kScheduled) return;
+  uint8_t f = flags_.load(std::memory_order_acquire);
+  do {
+    if ((f & (kStartClaimed | kCompleteClaimed)) != 0) return;
+  } while (!flags_.compare_exchange_weak(f, f | kStartClaimed, std::memory_order_acq_rel,
+                                         std::memory_order_acquire));
   record_.state = OpState::kStarted;
   record_.time_started_ns = absl::GetCurrentTimeNanos();
   sink_->OnStarted(record_);
+  flags_.fetch_or(kStartDone, std::memory_order_release);
 }
 
 void OpTrace::Completed(const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (record_.state == OpState::kCompleted) return;
+  uint8_t f = flags_.load(std::memory_order_acquire);
+  for (;;) {
+    if ((f & kCompleteClaimed) != 0) return;
+    if ((f & (kStartClaimed | kStartDone)) == kStartClaimed) {
+      // Another thread is telling the sink of the start (a few hundred
+      // nanoseconds): the completion comes after it.
+      std::this_thread::yield();
+      f = flags_.load(std::memory_order_acquire);
+      continue;
+    }
+    if (flags_.compare_exchange_weak(f, f | kCompleteClaimed, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+      break;
+    }
+  }
   record_.state = OpState::kCompleted;
   record_.time_completed_ns = absl::GetCurrentTimeNanos();
   record_.status = status;
   sink_->OnCompleted(record_);
+  flags_.fetch_or(kCompleteDone, std::memory_order_release);
 }
 
 void OpTrace::Waited(int64_t waited_ns) {
-  // record_.comm and record_.kind never change after construction: no lock,
-  // so a wait never queues behind the backend's Started/Completed.
+  // record_.comm and record_.kind never change after construction: no
+  // claim, so a wait never queues behind the backend's Started/Completed.
   if (record_.comm != nullptr) sink_->OnWaited(*record_.comm, record_.kind, waited_ns);
 }
 
 bool OpTrace::completed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return record_.state == OpState::kCompleted;
+  return (flags_.load(std::memory_order_acquire) & kCompleteDone) != 0;
 }
 
 OpRecord OpTrace::record() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return record_;
+  const uint8_t f = flags_.load(std::memory_order_acquire);
+  // The fields set at issue never change; those of a state are read only
+  // once that state is done (written before, never after).
+  OpRecord r;
+  r.comm = record_.comm;
+  r.kind = record_.kind;
+  r.op_id = record_.op_id;
+  r.collective_seq_id = record_.collective_seq_id;
+  r.p2p_seq_id = record_.p2p_seq_id;
+  r.input_count = record_.input_count;
+  r.output_count = record_.output_count;
+  r.dtype = record_.dtype;
+  r.reduce_op = record_.reduce_op;
+  r.root = record_.root;
+  r.peer = record_.peer;
+  r.timeout_ms = record_.timeout_ms;
+  r.time_created_ns = record_.time_created_ns;
+  r.state = OpState::kScheduled;
+  if ((f & kStartDone) != 0) {
+    r.state = OpState::kStarted;
+    r.time_started_ns = record_.time_started_ns;
+  }
+  if ((f & kCompleteDone) != 0) {
+    r.state = OpState::kCompleted;
+    r.time_completed_ns = record_.time_completed_ns;
+    r.status = record_.status;
+  }
+  return r;
 }
 
 }  // namespace strata::observe

@@ -180,6 +180,7 @@ def test_why_names_the_measured_times():
     ("window", 0, "window must be an int >= 1, got 0"),
     ("every", 2.5, "every must be an int >= 1, got 2.5"),
     ("action", "replace", "action must be one of 'report', 'evict', got 'replace'"),
+    ("exchange", "tree", "exchange must be one of 'auto', 'gather', 'histogram', got 'tree'"),
 ])
 def test_policy_errors_name_the_value(field, value, message):
     policy = elastic.StragglerPolicy(**{field: value})
@@ -194,3 +195,122 @@ def test_options_want_a_policy_and_the_policy_wants_metrics():
     with pytest.raises(strata.InvalidArgument, match=r"needs the world's metrics .* "
                        r"strata.init\(metrics=False\)"):
         S.Watch(elastic.StragglerPolicy(), None)
+
+
+# ---- the histogram exchange (large worlds) ----------------------------------------
+
+
+def run_histogram(n, steps, slow, base=0.05, replicas=None, **policy):
+    """The histogram exchange of n ranks, simulated: the all-reduce is a sum
+    of every rank's vector, the all-gather a list of every rank's row.
+    Returns the step of the first eviction decision and what every rank
+    decided then."""
+    ws = [watch(exchange="histogram", **policy) for _ in range(n)]
+    replicas = replicas or list(range(n))
+    for s in range(steps):
+        pending = []
+        for r in range(n):
+            f = slow.get(r, 1.0)
+            f = f(s) if callable(f) else f
+            pending.append([(s, base * f)])
+        vectors = [w.histograms(pending[r]) for r, w in enumerate(ws)]
+        summed = [sum(col) for col in zip(*vectors)]
+        for r, w in enumerate(ws):
+            w.apply_histograms(summed, pending[r], r)
+        if summed[-1] > 0:
+            rows = [w.candidate_row(r, replicas[r]) for r, w in enumerate(ws)]
+            decisions = [w.conclude_candidates(rows, len(set(replicas)), False) for w in ws]
+            assert all(d == decisions[0] for d in decisions)  # the same on every rank
+            if decisions[0]:
+                return s, decisions[0]
+    return None, []
+
+
+def test_the_histogram_exchange_evicts_one_exchange_later_than_the_gather():
+    onset = 7
+    step, found = run_histogram(8, 30, {5: lambda s: 3.0 if s >= onset else 1.0})
+    # The 5th slow step is onset + 4; the exchange after it names the rank.
+    assert step == onset + 5 and [x["rank"] for x in found] == [5]
+    x = found[0]
+    assert x["steps"] == list(range(onset + 1, onset + 6))  # its last 5 slow steps
+    # The reference is the bin's upper edge: at least the exact P95 (0.05),
+    # under 9% above it.
+    for ref in x["others_percentile_s"]:
+        assert 0.05 <= ref < 0.05 * 1.091
+    assert 3.0 / 1.091 < x["ratio"] <= 3.0
+
+
+@pytest.mark.parametrize("factor,evicted", [(1.5, False), (2.0, False), (2.3, True), (10.0, True)])
+def test_the_histogram_exchange_keeps_the_threshold(factor, evicted):
+    # Never below the threshold (the percentile is rounded up to its bin's
+    # edge, never down); 2.3x is clear of a 9% bin.
+    step, found = run_histogram(6, 20, {2: factor})
+    assert (step is not None) == evicted, (step, found)
+
+
+def test_the_histogram_exchange_a_blip_of_four_steps_and_two_stragglers():
+    step, _ = run_histogram(8, 40, {3: lambda s: 10.0 if s % 5 != 4 else 1.0})
+    assert step is None
+    step, found = run_histogram(64, 20, {5: 3.0, 40: 4.0, 63: 10.0})
+    assert step == 5 and sorted(x["rank"] for x in found) == [5, 40, 63]
+    step, found = run_histogram(4, 20, {1: 3.0, 3: 3.0}, percentile=50)
+    assert step == 5 and sorted(x["rank"] for x in found) == [1, 3]
+
+
+def test_histogram_percentile_is_the_upper_edge_of_the_nearest_rank_bin():
+    counts = [0.0] * S._BINS
+    for t in (0.010, 0.011, 0.012, 0.050):
+        counts[S._bin(t)] += 1
+    assert 0.050 <= S.histogram_percentile(counts, 95) < 0.050 * 1.091
+    assert 0.011 <= S.histogram_percentile(counts, 50) < 0.011 * 1.091
+    assert S.histogram_percentile([0.0] * S._BINS, 95) is None
+    assert S._bin(1e-7) == 0 and S._bin(1e9) == S._BINS - 1
+    assert S._upper(S._BINS - 1) == math.inf
+
+
+def test_evictions_are_counted_with_the_reason_straggler():
+    calls = []
+
+    class M:
+        def record_recovery(self):
+            calls.append("recovery")
+
+        def record_eviction(self, reason):
+            calls.append(reason)
+
+    elastic._record_recovery(M(), {"failed": [1, 3], "reason": "straggler",
+                                   "cause": {"source": "request"}})
+    elastic._record_recovery(M(), {"failed": [5], "cause": {"source": "heartbeat"}})
+    assert calls == ["recovery", "straggler", "straggler", "recovery", "heartbeat"]
+
+
+def test_the_histogram_exchange_reports_a_new_streak_again(capsys):
+    # action="report": a straggler is reported once per streak, also when
+    # its streak ended and a new one began (the histogram path learns of
+    # the end only through the exchanges).
+    ws = [watch(exchange="histogram", action="report") for _ in range(4)]
+    slow = lambda s: 3.0 if s < 8 or s >= 12 else 1.0  # noqa: E731
+    for s in range(24):
+        pending = [[(s, 0.05 * (slow(s) if r == 2 else 1.0))] for r in range(4)]
+        summed = [sum(c) for c in zip(*[w.histograms(pending[r]) for r, w in enumerate(ws)])]
+        for r, w in enumerate(ws):
+            w.apply_histograms(summed, pending[r], r)
+        if summed[-1] > 0:
+            rows = [w.candidate_row(r, r) for r, w in enumerate(ws)]
+            for r, w in enumerate(ws):
+                assert w.conclude_candidates(rows, 4, r == 0) == []
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if '"event": "straggler"' in ln]
+    assert len(lines) == 2 and all('"rank": 2' in ln for ln in lines), lines
+
+
+def test_the_percentile_of_the_others_equals_the_one_of_the_list_without_the_rank():
+    import random
+    rng = random.Random(3)
+    for _ in range(300):
+        values = [rng.choice([0.01, 0.02, 0.05, rng.random()]) for _ in range(rng.randint(2, 40))]
+        ordered = sorted(values)
+        q = rng.choice([50, 90, 95, 99, 100, 1])
+        for i, t in enumerate(values):
+            assert S._percentile_of_others(ordered, t, q) == \
+                S.percentile(values[:i] + values[i + 1:], q)
+    assert S._percentile_of_others([0.5], 0.5, 95) is None

@@ -3,11 +3,13 @@
 
 STRATA_STRAGGLER_CASE picks the cases (CMake registers one test per group):
 
-- ``sleeps`` (4 ranks): a rank slowed with sleeps (``--slow``: FACTOR x the
-  step's 40 ms sleep) at 1.5x for the whole run, at 3x for 4 steps then
+- ``sleeps`` (4 ranks; the exact exchange, and once the histogram exchange
+  large jobs use): a rank slowed with sleeps (``--slow``: FACTOR x the
+  step's 100 ms sleep) at 1.5x for the whole run, at 3x for 4 steps then
   back, and at 10x for 4 steps: nobody is evicted; at 3x (dp4) and at 10x
-  (dp2 x tp2: its tp partner leaves with it): evicted after exactly the
-  window (5 steps); two ranks at 3x with the median as the percentile (the
+  (dp2 x tp2: its tp partner leaves with it): evicted after the window (5
+  steps; later when load from other jobs on this machine made one of the
+  others as slow in a step, which restarts the streak); two ranks at 3x with the median as the percentile (the
   P95 of 3 others is their max, which a second slow rank sets): both
   evicted at once. Each eviction: one recovery with reason "straggler", the
   evicted rank exits 0 with a message naming its measured times, the
@@ -15,8 +17,8 @@ STRATA_STRAGGLER_CASE picks the cases (CMake registers one test per group):
   without any slowdown (the global batch is kept).
 - ``outside`` (8 ranks, dp4 x tp2, compute-bound steps): tools/slow_rank.py
   stops and continues one rank at a duty cycle (running 10% of each 20 ms)
-  from outside; the default policy evicts it within the window (+1 step for
-  the onset falling inside a step). With 8 ranks on this machine's 2 cores
+  from outside; the default policy evicts it, its first named slow step
+  within a window of the onset. With 8 ranks on this machine's 2 cores
   the ranks' compute times vary by 2-3x from step to step (the P95 of 7
   others is their max), so a gentler duty cycle (25% running) is not
   reliably above 2x that max here.
@@ -38,19 +40,24 @@ import torch  # noqa: E402
 
 CASES = os.environ.get("STRATA_STRAGGLER_CASE", "sleeps")
 ROOT = D.ROOT
-STEPS = 20
+STEPS = 24
 SMALL = ["--hidden", "32", "--layers", "2", "--batch", "48", "--lr", "0.05",
-         "--step-sleep", "0.04", "--steps", str(STEPS)]
+         "--step-sleep", "0.1", "--steps", str(STEPS)]
 WINDOW = 5
 
-# name: (ranks, extra flags, {evicted job rank: onset step}, ranks leaving with them)
+# name: (ranks, extra flags, {evicted job rank: onset step}, ranks leaving
+# with them, exchanges after the window's last step until the eviction)
 SLEEPS = {
     "below-threshold": (4, ["--tp", "1", "--slow", "1:1.5:2", "--slow", "2:3:4:7",
-                            "--slow", "3:10:12:15"], {}, []),
-    "3x": (4, ["--tp", "1", "--slow", "2:3:6"], {2: 6}, []),
-    "10x": (4, ["--tp", "2", "--slow", "1:10:3"], {1: 3}, [0]),
+                            "--slow", "3:10:12:15"], {}, [], 0),
+    "3x": (4, ["--tp", "1", "--slow", "2:3:6"], {2: 6}, [], 0),
+    "10x": (4, ["--tp", "2", "--slow", "1:10:3"], {1: 3}, [0], 0),
     "two": (4, ["--tp", "1", "--straggler-percentile", "50", "--slow", "1:3:4",
-                "--slow", "3:3:4"], {1: 4, 3: 4}, []),
+                "--slow", "3:3:4"], {1: 4, 3: 4}, [], 0),
+    # The exchange large worlds use (an all-reduce of histograms): one
+    # exchange later.
+    "3x-histogram": (4, ["--tp", "1", "--straggler-exchange", "histogram", "--slow", "2:3:6"],
+                     {2: 6}, [], 1),
 }
 
 @pytest.fixture(scope="module")
@@ -70,7 +77,7 @@ def events(job, kind):
 @pytest.mark.skipif(CASES != "sleeps", reason="STRATA_STRAGGLER_CASE is not 'sleeps'")
 @pytest.mark.parametrize("case", sorted(SLEEPS))
 def test_sleeps(case, reference, tmp_path):
-    np_, flags, evicted, partners = SLEEPS[case]
+    np_, flags, evicted, partners, lag = SLEEPS[case]
     job = D.Job("mpirun", np_, SMALL + flags + ["--straggler-policy", "evict"], str(tmp_path),
                 timeout=150)
     rc = job.finish()
@@ -86,10 +93,17 @@ def test_sleeps(case, reference, tmp_path):
         assert evictions == [] and recoveries == [] and events(job, "straggler") == []
         assert all(r["epoch"] == 1 for r in reports.values())
     else:
-        # One decision, naming every slow rank, after exactly the window.
+        # One decision, naming every slow rank, after the window: on a quiet
+        # machine its first named step is the onset (unit tests check the
+        # rule's exact timing); load from other jobs here can slow one of
+        # the other ranks as much in a step, which restarts the streak: at
+        # most one window later.
         assert sorted(e["rank"] for e in evictions) == sorted(evicted), evictions
+        slip = evictions[0]["first_step"] - (min(evicted.values()) + lag)
+        assert 0 <= slip <= WINDOW, evictions
+        print(f"{case}: the eviction names the steps from {slip} step(s) after the onset")
         for e in evictions:
-            onset = evicted[e["rank"]]
+            onset = evicted[e["rank"]] + lag + slip  # the last `window` slow steps are named
             assert (e["first_step"], e["last_step"], e["steps"]) == \
                 (onset, onset + WINDOW - 1, WINDOW), e
             assert e["reason"] == "straggler" and e["ratio"] > 2.0, e
@@ -99,12 +113,14 @@ def test_sleeps(case, reference, tmp_path):
         rec = recoveries[0]
         assert rec["reason"] == "straggler" and rec["cause"]["source"] == "request", rec
         assert sorted(rec["failed"]) == sorted(evicted) and sorted(rec["leaving"]) == partners
-        assert rec["step"] == max(evicted.values()) + WINDOW, rec  # the step it evicted before
+        # The step it evicted before.
+        assert rec["step"] == max(evicted.values()) + WINDOW + lag + slip, rec
         for r in evicted:
             said = [ln for ln in job.stderr if f"rank {r} leaves the job: it was evicted "
                     f"(straggler: " in ln]
             assert len(said) == 1, job.tail()
-            assert f"rank {r}'s compute time over steps {evicted[r]}-{evicted[r] + 4} was [" \
+            first = evicted[r] + lag + slip
+            assert f"rank {r}'s compute time over steps {first}-{first + 4} was [" \
                 in said[0] and "ms against a P" in said[0], said
         for r in partners:
             assert any(f"rank {r} leaves the job: its data-parallel replica was dropped with "
@@ -153,8 +169,11 @@ def test_outside_duty_cycle_is_evicted_by_the_default_policy(tmp_path):
     evictions = events(job, "eviction")
     assert [e["rank"] for e in evictions] == [target], job.tail()
     e = evictions[0]
-    # The first slow step is the one the slowdown started in, or the next.
-    assert onset <= e["first_step"] <= onset + 1, (onset, e)
+    # The first slow step is the one the slowdown started in, or the next;
+    # with 8 ranks on 2 cores and other jobs' load, another rank can be as
+    # slow in a step now and then (the P95 of 7 others is their max), which
+    # restarts the streak: within the window's length of the onset.
+    assert onset <= e["first_step"] <= onset + WINDOW, (onset, e)
     assert e["last_step"] == e["first_step"] + WINDOW - 1 and e["ratio"] > 2.0, e
     rec = job.recoveries()
     assert len(rec) == 1 and rec[0]["reason"] == "straggler", job.tail()

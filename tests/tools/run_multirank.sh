@@ -45,8 +45,26 @@ else
          --mca mpi_yield_when_idle 1 --mca threads_pthreads_yield_strategy nanosleep)
   how="mpirun"
 fi
-timeout --kill-after=15 "$limit" "$mpirun" "${flags[@]}" "${ft[@]}" -np "$np" "$@"
-rc=$?
+# mpirun's stderr is shown as it comes and kept, to recognise one launcher
+# failure: Open MPI's mpirun now and then fails to start its PMIx server's
+# listener thread on this loaded machine and ends within a second, before
+# any rank ran. That run is tried once more; nothing else is.
+errlog=$(mktemp "${TMPDIR:-/tmp}/strata-multirank-XXXXXX")
+trap 'rm -f "$errlog"' EXIT
+run_once() {
+  local started=$SECONDS
+  # stdout stays stdout (fd 3); stderr goes through tee, which the pipeline waits for.
+  { timeout --kill-after=15 "$limit" "$mpirun" "${flags[@]}" "${ft[@]}" -np "$np" "$@" \
+      2>&1 1>&3 3>&- | tee "$errlog" >&2 3>&-
+    rc=${PIPESTATUS[0]}; } 3>&1
+  elapsed=$((SECONDS - started))
+}
+run_once "$@"
+if [ $rc -ne 0 ] && [ $elapsed -lt 10 ] &&
+   grep -q "listener thread failed to start" "$errlog"; then
+  echo "run_multirank.sh: mpirun could not start its PMIx listener (no rank ran, ${elapsed}s); trying once more" >&2
+  run_once "$@"
+fi
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
   echo "FAILED: $np-rank $how run of '$*' did not finish within ${limit}s (a hang or deadlock); it was killed" >&2
 fi

@@ -48,16 +48,22 @@
 //   dump.world_rank = 3; dump.reason = "asked";
 //   absl::StatusOr<std::string> path = recorder->Dump("/tmp/trace", dump);
 //
-// Thread-safety: thread-safe. The OpSink calls take one short lock (the
-// ring's), copy the record and return: no allocation but the record's own
-// copy, no I/O. Dump and Snapshot may run at any time from any thread.
+// Thread-safety: thread-safe. The ring is preallocated; an OpSink call
+// claims its entry's number with one atomic increment (issued) or finds the
+// entry among the newest (started, completed: by op_id and communicator,
+// read without a lock), then holds that entry's own flag while it copies
+// the few changed fields: no mutex, no allocation, no I/O, and threads
+// recording different operations never wait for each other (only a dump
+// reading that very entry, or an operation still in flight after the ring
+// has gone round onto its entry, can make a call wait a copy's time). Dump
+// and Snapshot may run at any time from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -112,7 +118,7 @@ class STRATA_EXPORT FlightRecorder final : public OpSink {
   void OnStarted(const OpRecord& record) override;
   void OnCompleted(const OpRecord& record) override;
 
-  size_t capacity() const { return slots_.size(); }
+  size_t capacity() const { return capacity_; }
   // Operations recorded so far (including those overwritten).
   uint64_t recorded() const;
   // The ring's entries, oldest first.
@@ -130,14 +136,29 @@ class STRATA_EXPORT FlightRecorder final : public OpSink {
   static std::string DumpFileName(int world_rank);
 
  private:
-  // The slot of the operation (comm, op_id), searched from the newest;
-  // null when it was overwritten. Requires mu_.
-  RecordedOp* Find(const OpRecord& record);
+  // One entry of the ring. `busy` guards `op` (held for a copy); the keys
+  // (the record_id + 1 the entry holds, 0 while empty, and its operation's
+  // op_id and communicator) are also kept in atomics, so that a search
+  // reads them without taking the flag.
+  struct Slot {
+    std::atomic<bool> busy{false};
+    std::atomic<uint64_t> id_plus_one{0};
+    std::atomic<uint64_t> op_id{0};
+    std::atomic<const CommRecord*> comm{nullptr};
+    RecordedOp op;
+  };
+  // Holds a slot's flag for its scope.
+  class SlotLock;
+
+  // The slot holding the operation (comm, op_id), searched from the newest,
+  // with its flag held (the caller releases it); null when it was
+  // overwritten.
+  Slot* FindLocked(const OpRecord& record);
 
   const std::function<void(const OpRecord&)> on_error_;
-  mutable std::mutex mu_;
-  std::vector<RecordedOp> slots_;
-  uint64_t next_ = 0;  // record_id of the next operation
+  const size_t capacity_;
+  const std::unique_ptr<Slot[]> slots_;
+  std::atomic<uint64_t> next_{0};  // record_id of the next operation
 };
 
 }  // namespace strata::observe

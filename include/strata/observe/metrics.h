@@ -51,7 +51,12 @@
 //   root_options.comm.sink = (*m)->sink();
 //   ... (*m)->RecordStep({.duration = d, .tokens = n});  (*m)->WriteFile();
 //
-// Thread-safety: every method may be called from any thread at once.
+// Thread-safety: every method may be called from any thread at once. The
+// sink takes a lock only for the first operation of a {group, op} (to make
+// its series); after that an operation costs a few atomic operations: the
+// communicator's series are found through CommRecord::sink_slots, and
+// collective durations are counted in atomics that Serialize (and a
+// scrape) hand to the histograms first.
 #pragma once
 
 #include <cstdint>

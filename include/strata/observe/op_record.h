@@ -41,13 +41,15 @@
 // (the issuing thread, a waiting thread, a backend's progress thread), for
 // different operations at once; it must be thread-safe, must not block, and
 // must not call back into the communicator. The calls for one operation
-// come one at a time and in state order. OpTrace is thread-safe.
+// come one at a time and in state order. OpTrace is thread-safe, and takes
+// no lock and allocates nothing between issue and release of a successful
+// operation (docs/observability.md, "What it costs").
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -90,6 +92,39 @@ STRATA_EXPORT const char* OpStateName(OpState state);
 // "Short", "Bool".
 STRATA_EXPORT const char* TorchScalarTypeName(DataType dtype);
 
+// Where sinks keep what they resolved once for a communicator (the metric
+// cells of its group, say), so that each operation finds it with a few
+// atomic loads instead of a lookup by name under a lock. A sink attaches
+// one pointer under a key of its own (its address); kSlots sinks at most
+// per communicator, a sink that finds no free slot looks up as before. The
+// sink owns what the pointer points to and must keep it alive for as long
+// as the communicator may call it (a communicator keeps its sink alive).
+class STRATA_EXPORT SinkSlots {
+ public:
+  static constexpr int kSlots = 4;
+  SinkSlots() = default;
+  SinkSlots(const SinkSlots&) = delete;
+  SinkSlots& operator=(const SinkSlots&) = delete;
+
+  // What `owner` attached; null when nothing (yet).
+  void* Find(const void* owner) const {
+    for (int i = 0; i < kSlots; ++i) {
+      const void* o = owners_[i].load(std::memory_order_acquire);
+      if (o == owner) return values_[i].load(std::memory_order_acquire);
+      if (o == nullptr) return nullptr;  // slots fill in order
+    }
+    return nullptr;
+  }
+  // Attaches `value` (not null) for `owner`; false when every slot is
+  // taken by other owners. Attaching again for the same owner keeps the
+  // first value (a racing attach resolves the same object: either wins).
+  bool Attach(const void* owner, void* value) const;
+
+ private:
+  mutable std::atomic<const void*> owners_[kSlots] = {};
+  mutable std::atomic<void*> values_[kSlots] = {};
+};
+
 // The communicator an operation was issued on. One per communicator, shared
 // by the records of its operations: its address identifies the
 // communicator for as long as a record refers to it.
@@ -99,6 +134,8 @@ struct STRATA_EXPORT CommRecord {
   int rank = 0;         // this process's rank in the group
   int size = 1;         // the group's size
   int world_rank = 0;   // this process's rank in the job
+  // The sinks' per-communicator state (see SinkSlots).
+  SinkSlots sink_slots;
 };
 
 struct STRATA_EXPORT OpRecord {
@@ -171,7 +208,10 @@ STRATA_EXPORT std::shared_ptr<OpSink> MakeFanOutSink(std::vector<std::shared_ptr
 // sees them; the first report of each wins and later ones are ignored. The
 // sink is kept alive until the operation completes. If the last owner lets
 // go of a trace that never completed, the operation is reported completed
-// with Cancelled ("dropped before it completed").
+// with Cancelled ("dropped before it completed"). No lock: the first report
+// of each state claims it with one atomic operation; a completion that
+// comes while another thread is still telling the sink of the start waits
+// for that call to return (its calls come in order).
 class STRATA_EXPORT OpTrace {
  public:
   // Calls sink->OnScheduled(record) (record.state must be kScheduled).
@@ -186,14 +226,20 @@ class STRATA_EXPORT OpTrace {
   void Completed(const absl::Status& status);
   // A caller was blocked in Work::Wait for `waited_ns` (OpSink::OnWaited).
   void Waited(int64_t waited_ns);
+  // True once the sink has been told of the completion.
   bool completed() const;
-  // A copy of the record as it stands.
+  // A copy of the record as the sink has been told it so far.
   OpRecord record() const;
 
  private:
+  // flags_: each state claimed (by the thread that reports it) and done
+  // (the sink has been told). A state's fields of record_ are written only
+  // by the thread that claimed it, and read by others only once done.
+  static constexpr uint8_t kStartClaimed = 1, kStartDone = 2, kCompleteClaimed = 4,
+                           kCompleteDone = 8;
+
   const std::shared_ptr<OpSink> sink_;
-  // Held while the sink is called, so one operation's calls come in order.
-  mutable std::mutex mu_;
+  std::atomic<uint8_t> flags_{0};
   OpRecord record_;
 };
 

@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "elastic/internal/keys.h"
+#include "strata/base/status.h"
 #include "strata/elastic/elastic_loop.h"
 #include "strata/parallel/world.h"
 
@@ -112,6 +113,19 @@ class PartitionedStore final : public Store {
   std::shared_ptr<Store> store_;
   std::shared_ptr<std::atomic<bool>> cut_;
 };
+
+// Rank `r` of a World of `n` ranks, all data-parallel, over Gloo through
+// `store` (ranks as threads).
+absl::StatusOr<std::unique_ptr<World>> DpWorld(const std::shared_ptr<Store>& store, int r, int n) {
+  RootOptions ro;
+  ro.comm.timeout = absl::Seconds(60);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gloo::GlooCommunicator> root,
+                          gloo::GlooCommunicator::CreateRoot(ro, store, r, n));
+  MeshSpec spec;
+  spec.world_size = n;
+  STRATA_ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create(spec));
+  return World::FromRoot(std::move(root), mesh, WorldOptions{});
+}
 
 struct RankResult {
   absl::Status status;
@@ -388,13 +402,7 @@ TEST(ElasticLoopTest, AnEvictionEveryRankDecidedDoesNotAbortAndIsNoMinority) {
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      RootOptions ro;
-      ro.comm.timeout = absl::Seconds(60);
-      auto root = gloo::GlooCommunicator::CreateRoot(ro, store, r, n);
-      ASSERT_TRUE(root.ok()) << root.status();
-      MeshSpec spec;
-      spec.world_size = n;
-      auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+      auto world = DpWorld(store, r, n);
       ASSERT_TRUE(world.ok()) << world.status();
       ElasticOptions o = TestOptions();
       o.job = "evict-half";
@@ -442,13 +450,7 @@ TEST(ElasticLoopTest, AnEvictionEveryRankDecidedDoesNotAbortAndIsNoMinority) {
 // aborted `heartbeat_timeout` after the alarm, not at once.
 TEST(ElasticLoopTest, ADeferredAbortComesAfterTheHeartbeatTimeout) {
   auto store = MakeMemoryStore();
-  RootOptions ro;
-  ro.comm.timeout = absl::Seconds(60);
-  auto root = gloo::GlooCommunicator::CreateRoot(ro, store, 0, 1);
-  ASSERT_TRUE(root.ok()) << root.status();
-  MeshSpec spec;
-  spec.world_size = 1;
-  auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+  auto world = DpWorld(store, 0, 1);
   ASSERT_TRUE(world.ok()) << world.status();
   std::atomic<int> aborts{0};
   std::atomic<int64_t> aborted_ns{0};
@@ -500,13 +502,7 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
-        RootOptions ro;
-        ro.comm.timeout = absl::Seconds(60);
-        auto root = gloo::GlooCommunicator::CreateRoot(ro, store, r, n);
-        ASSERT_TRUE(root.ok()) << root.status();
-        MeshSpec spec;
-        spec.world_size = n;
-        auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+        auto world = DpWorld(store, r, n);
         ASSERT_TRUE(world.ok()) << world.status();
         ElasticOptions o = TestOptions();
         o.job = absl::StrCat("leak", epochs->size());
@@ -566,13 +562,7 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
 // it, so that this rank's monitor thread is the one that sees it.
 TEST(ElasticLoopTest, HeartbeatsGoOnWhileAnAbortBlocks) {
   auto store = MakeMemoryStore();
-  RootOptions ro;
-  ro.comm.timeout = absl::Seconds(60);
-  auto root = gloo::GlooCommunicator::CreateRoot(ro, store, 0, 1);
-  ASSERT_TRUE(root.ok()) << root.status();
-  MeshSpec spec;
-  spec.world_size = 1;
-  auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), WorldOptions{});
+  auto world = DpWorld(store, 0, 1);
   ASSERT_TRUE(world.ok()) << world.status();
 
   const absl::Duration blocked_for = absl::Milliseconds(2500);

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -212,6 +213,79 @@ TEST(FlightRecorder, ManyThreadsAtOnce) {
   for (const RecordedOp& op : rec->Snapshot()) {
     EXPECT_EQ(op.record.state, OpState::kCompleted) << op.record_id;
   }
+}
+
+// Snapshots and dumps taken while threads record (a dump on a deadline
+// does not stop the other groups): each holds at most K entries, oldest
+// first, and each entry whole (its fields those of one operation).
+TEST(FlightRecorder, SnapshotsWhileThreadsRecordHoldWholeEntries) {
+  constexpr int kThreads = 3, kOps = 1500;
+  constexpr size_t kCapacity = 16;
+  auto rec = Recorder(kCapacity);
+  std::atomic<int> running{kThreads};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto comm = Comm("g" + std::to_string(t), 0, 1);
+      for (int i = 1; i <= kOps; ++i) {
+        // The count tells whose operation an entry is: 100000 t + i.
+        OpTrace trace(rec, Op(comm, OpKind::kAllReduce, i, i, 0, 100000u * t + i));
+        trace.Started();
+        trace.Completed(absl::OkStatus());
+      }
+      running.fetch_sub(1);
+    });
+  }
+  int snapshots = 0;
+  while (running.load() > 0) {
+    const std::vector<RecordedOp> ops = rec->Snapshot();
+    ASSERT_LE(ops.size(), kCapacity);
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const OpRecord& r = ops[i].record;
+      if (i > 0) EXPECT_GT(ops[i].record_id, ops[i - 1].record_id);
+      EXPECT_EQ(r.collective_seq_id, r.op_id);
+      const int t = std::stoi(r.comm->name.substr(1));
+      EXPECT_EQ(r.input_count, 100000u * t + r.op_id) << r.comm->name;
+      if (r.state != OpState::kScheduled) EXPECT_GT(r.time_started_ns, 0);
+      if (r.state == OpState::kCompleted) EXPECT_GE(r.time_completed_ns, r.time_started_ns);
+    }
+    if (++snapshots % 8 == 0) {
+      const nlohmann::json dump = nlohmann::json::parse(rec->DumpJson(DumpOptions{}));
+      EXPECT_LE(dump["entries"].size(), kCapacity);
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<RecordedOp> ops = rec->Snapshot();
+  ASSERT_EQ(ops.size(), kCapacity);
+  EXPECT_EQ(rec->recorded(), static_cast<uint64_t>(kThreads * kOps));
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].record_id, rec->recorded() - kCapacity + i);
+    EXPECT_EQ(ops[i].record.state, OpState::kCompleted);
+  }
+}
+
+// A ring of one written from several threads at once (the ring going round
+// while an operation is between its number and its entry): the entry left
+// is the newest operation's, completed.
+TEST(FlightRecorder, ARingOfOneHoldsTheNewestOperation) {
+  constexpr int kThreads = 4, kOps = 500;
+  auto rec = Recorder(1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto comm = Comm("g" + std::to_string(t), 0, 1);
+      for (int i = 1; i <= kOps; ++i) {
+        OpTrace trace(rec, Op(comm, OpKind::kBroadcast, i, i));
+        trace.Started();
+        trace.Completed(absl::OkStatus());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<RecordedOp> ops = rec->Snapshot();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].record_id, rec->recorded() - 1);
+  EXPECT_EQ(ops[0].record.state, OpState::kCompleted);
 }
 
 }  // namespace

@@ -367,11 +367,77 @@ TEST(Metrics, RecordsFromManyThreadsAtOnce) {
   scraper.join();
   auto s = Samples(m->Serialize());
   for (const char* g : {"dp", "tp"}) {
-    EXPECT_EQ(s.at(absl::StrCat("strata_collective_bytes_total{job=\"strata\",rank=\"0\",group=\"",
-                                g, "\",op=\"all_reduce\"}")),
-              threads / 2 * ops * 40.0);
+    const std::string labels =
+        absl::StrCat("{job=\"strata\",rank=\"0\",group=\"", g, "\",op=\"all_reduce\"}");
+    EXPECT_EQ(s.at("strata_collective_bytes_total" + labels), threads / 2 * ops * 40.0);
+    // Every duration reached the histogram, scrapes in between or not.
+    EXPECT_EQ(s.at("strata_collective_duration_seconds_count" + labels), threads / 2 * ops);
+    EXPECT_NEAR(s.at("strata_collective_duration_seconds_sum" + labels), threads / 2 * ops * 1e-6,
+                1e-12);
   }
   EXPECT_EQ(m->totals().steps, threads * ops);
+}
+
+// A duration lands in the first bucket whose bound is >= it (Prometheus'
+// "le"), bounds included, and the buckets add up across scrapes.
+TEST(Metrics, CollectiveDurationsLandInTheirLeBucket) {
+  MetricsOptions o;
+  o.collective_buckets = {0.001, 0.002, 0.004};
+  auto m = Make(o);
+  const std::vector<int64_t> nanos = {500'000,   1'000'000, 1'000'001, 2'000'000,
+                                      3'000'000, 4'000'000, 5'000'000};
+  auto comm = Completed(OpKind::kAllGather, "tp", 2, 8, 16, DataType::kFloat32, 0).comm;
+  const std::string labels = "{job=\"strata\",rank=\"0\",group=\"tp\",op=\"all_gather\"";
+  for (size_t i = 0; i < nanos.size(); ++i) {
+    OpRecord r = Completed(OpKind::kAllGather, "tp", 2, 8, 16, DataType::kFloat32, nanos[i]);
+    r.comm = comm;  // one communicator, as in a run
+    m->sink()->OnCompleted(r);
+    if (i == 2) (void)m->Serialize();  // a scrape in between
+  }
+  auto s = Samples(m->Serialize());
+  double sum = 0;
+  for (int64_t ns : nanos) sum += static_cast<double>(ns) * 1e-9;
+  for (double bound : o.collective_buckets) {
+    const double expected =
+        static_cast<double>(std::count_if(nanos.begin(), nanos.end(), [&](int64_t ns) {
+          return static_cast<double>(ns) * 1e-9 <= bound;
+        }));
+    std::ostringstream le;
+    le << bound;
+    EXPECT_EQ(
+        s.at("strata_collective_duration_seconds_bucket" + labels + ",le=\"" + le.str() + "\"}"),
+        expected)
+        << bound;
+  }
+  EXPECT_EQ(s.at("strata_collective_duration_seconds_bucket" + labels + ",le=\"+Inf\"}"),
+            nanos.size());
+  EXPECT_EQ(s.at("strata_collective_duration_seconds_count" + labels + "}"), nanos.size());
+  EXPECT_NEAR(s.at("strata_collective_duration_seconds_sum" + labels + "}"), sum, 1e-12);
+}
+
+// More registries on one communicator than it has slots for (SinkSlots):
+// the ones without a slot look their series up by name and count the same.
+TEST(Metrics, MoreRegistriesThanACommunicatorHasSlotsFor) {
+  std::vector<std::unique_ptr<Metrics>> registries;
+  std::vector<std::shared_ptr<OpSink>> sinks;
+  for (int i = 0; i < SinkSlots::kSlots + 2; ++i) {
+    registries.push_back(Make());
+    sinks.push_back(registries.back()->sink());
+  }
+  std::shared_ptr<OpSink> all = MakeFanOutSink(sinks);
+  OpRecord r = Completed(OpKind::kAllReduce, "dp", 4, 256, 256, DataType::kFloat32, 2000);
+  const int ops = 10;
+  for (int i = 0; i < ops; ++i) {
+    all->OnCompleted(r);
+    all->OnWaited(*r.comm, r.kind, 1000);
+  }
+  for (const auto& m : registries) {
+    auto s = Samples(m->Serialize());
+    const std::string jr = "job=\"strata\",rank=\"0\",group=\"dp\"";
+    EXPECT_EQ(s.at("strata_collective_bytes_total{" + jr + ",op=\"all_reduce\"}"), ops * 256 * 4.0);
+    EXPECT_EQ(s.at("strata_collective_duration_seconds_count{" + jr + ",op=\"all_reduce\"}"), ops);
+    EXPECT_NEAR(s.at("strata_collective_wait_seconds_total{" + jr + "}"), ops * 1e-6, 1e-12);
+  }
 }
 
 }  // namespace

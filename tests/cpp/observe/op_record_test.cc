@@ -147,5 +147,71 @@ TEST(OpTrace, RacingReportsAreReportedOnce) {
   }
 }
 
+// record() and completed() read while other threads report (a dump reads
+// the records of operations in flight): the state a reader sees never goes
+// back, and what it sees of a state is what the sink was told of it.
+TEST(OpTrace, ReadersSeeTheStatesInOrderWhileThreadsReport) {
+  for (int round = 0; round < 100; ++round) {
+    auto sink = std::make_shared<ListSink>();
+    auto trace = std::make_shared<OpTrace>(sink, Record(OpKind::kAllReduce));
+    std::atomic<bool> go{false}, done{false};
+    std::thread reader([&] {
+      int last = static_cast<int>(OpState::kScheduled);
+      while (!done.load()) {
+        const OpRecord r = trace->record();
+        EXPECT_GE(static_cast<int>(r.state), last);
+        last = static_cast<int>(r.state);
+        EXPECT_EQ(r.op_id, 7u);
+        EXPECT_EQ(r.comm->name, "tp");
+        if (r.state == OpState::kStarted) EXPECT_GT(r.time_started_ns, 0);
+        if (r.state == OpState::kCompleted) {
+          EXPECT_GT(r.time_completed_ns, 0);
+          EXPECT_TRUE(r.status.ok()) << r.status;
+          EXPECT_TRUE(trace->completed());
+        }
+      }
+    });
+    std::thread starter([&] {
+      while (!go.load()) std::this_thread::yield();
+      trace->Started();
+    });
+    std::thread completer([&] {
+      while (!go.load()) std::this_thread::yield();
+      trace->Completed(absl::OkStatus());
+    });
+    go = true;
+    starter.join();
+    completer.join();
+    done = true;
+    reader.join();
+    ASSERT_TRUE(trace->completed());
+    const OpRecord r = trace->record();
+    const std::vector<Seen> seen = sink->seen();
+    ASSERT_EQ(seen.back().state, OpState::kCompleted);
+    EXPECT_EQ(r.state, OpState::kCompleted);
+    EXPECT_EQ(r.time_completed_ns, seen.back().record.time_completed_ns);
+    EXPECT_EQ(r.time_started_ns, seen.back().record.time_started_ns);
+  }
+}
+
+// A sink finds what it attached to a communicator; the first attach of an
+// owner wins; once every slot is taken, other owners find nothing (and
+// look up by name instead).
+TEST(SinkSlots, EachOwnerFindsItsOwnUntilTheSlotsAreTaken) {
+  CommRecord comm;
+  int owners[SinkSlots::kSlots + 1];
+  int values[SinkSlots::kSlots + 1];
+  for (int i = 0; i < SinkSlots::kSlots; ++i) {
+    EXPECT_EQ(comm.sink_slots.Find(&owners[i]), nullptr);
+    EXPECT_TRUE(comm.sink_slots.Attach(&owners[i], &values[i]));
+  }
+  EXPECT_TRUE(comm.sink_slots.Attach(&owners[0], &values[SinkSlots::kSlots]));
+  EXPECT_FALSE(comm.sink_slots.Attach(&owners[SinkSlots::kSlots], &values[SinkSlots::kSlots]));
+  EXPECT_EQ(comm.sink_slots.Find(&owners[SinkSlots::kSlots]), nullptr);
+  for (int i = 0; i < SinkSlots::kSlots; ++i) {
+    EXPECT_EQ(comm.sink_slots.Find(&owners[i]), &values[i]) << i;
+  }
+}
+
 }  // namespace
 }  // namespace strata::observe
