@@ -18,6 +18,11 @@
 // all-reduce, or between steps); the survivors detect it, agree, shrink and
 // redo the failed step. Run it under `mpirun --with-ft ulfm`.
 //
+// --spares N: the last N ranks of the job are hot spares (WorldOptions::
+// spares): they stand by in ElasticLoop::StandBy until a failure, when one
+// takes the failed rank's mesh position and receives the parameters of its
+// position from its dp group (the restore callback), so dp stays.
+//
 // --check 1: at the end, every survivor compares its parameters (bitwise)
 // with the other survivors', and rank 0 compares them with a reference it
 // computes itself: the same global batches in one process, no failure.
@@ -56,6 +61,7 @@ struct ElasticDemoOptions {
   int kill_rank = -1;
   int kill_step = 10;
   int step_sleep_ms = 20;
+  int spares = 0;
   bool check = false;
   // How the survivors agree: "store" (the default) or "ulfm"
   // (MPIX_Comm_iagree, under mpirun --with-ft ulfm).
@@ -206,8 +212,10 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
   const std::string dir = RunDir(o);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  strata::WorldOptions world_options;
+  world_options.spares = o.spares;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<strata::World> world,
-                          strata::World::Create(env, mesh, strata::WorldOptions{}));
+                          strata::World::Create(env, mesh, world_options));
   strata::FileStoreOptions fso;
   fso.path = dir + "/store";
   STRATA_ASSIGN_OR_RETURN(std::shared_ptr<strata::Store> store, strata::OpenFileStore(fso));
@@ -248,8 +256,27 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
     }
     return absl::OkStatus();
   };
-  // No restore callback: the failed step never reached `apply`, and its
-  // gradient is computed afresh when the step is redone.
+  // The failed step never reached `apply`, and its gradient is computed
+  // afresh when the step is redone: nothing to restore, except on a spare
+  // placed in the mesh, whose dp group sends it the parameters.
+  cb.restore = [&](strata::elastic::RecoveryEvent& e) -> absl::Status {
+    if (e.replaced.empty()) return absl::OkStatus();
+    STRATA_ASSIGN_OR_RETURN(std::vector<int> group, world->mesh().GroupOf(world->rank(), "dp"));
+    int source = -1;
+    bool gains = false;
+    for (int i = 0; i < static_cast<int>(group.size()); ++i) {
+      const int job = e.members[static_cast<size_t>(group[static_cast<size_t>(i)])];
+      bool placed = false;
+      for (const auto& pair : e.replaced) placed = placed || pair.second == job;
+      gains = gains || placed;
+      if (!placed && source < 0) source = i;
+    }
+    if (!gains) return absl::OkStatus();
+    STRATA_ASSIGN_OR_RETURN(strata::Communicator * dp_group, world->Group("dp"));
+    STRATA_ASSIGN_OR_RETURN(auto sent,
+                            dp_group->Broadcast(strata::Buffer::Of(w.data(), w.size()), source));
+    return sent->Wait();
+  };
   cb.on_world_changed = [&](const strata::elastic::RecoveryEvent& e) {
     if (world->rank() == 0) {
       std::printf("%s\n", e.ToJson().c_str());
@@ -265,16 +292,21 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
                  env.rank);
     return absl::OkStatus();
   }
-  if (world->rank() == 0) {
+  if (result.stood_by) {
+    std::printf("[rank %d] stood by as a spare until the job finished\n", env.rank);
+    std::fflush(stdout);
+  } else if (world->rank() == 0) {
     std::printf("trained %d steps elastically (%s agreement), ending on %s: loss %.6f\n", o.steps,
                 o.agreement.c_str(), strata::elastic::DescribeMesh(world->mesh().spec()).c_str(),
                 task.Loss(w));
     std::fflush(stdout);
   }
-  absl::Status checked = o.check ? CheckRun(o, env, *world, result, task, w) : absl::OkStatus();
-  // The run directory goes once every survivor is done with the store.
+  absl::Status checked =
+      o.check && !result.stood_by ? CheckRun(o, env, *world, result, task, w) : absl::OkStatus();
+  // The run directory goes once every survivor (spares too) is done with
+  // the store.
   loop.reset();
-  STRATA_ASSIGN_OR_RETURN(auto done, world->root().Barrier());
+  STRATA_ASSIGN_OR_RETURN(auto done, world->job().Barrier());
   STRATA_RETURN_IF_ERROR(done->Wait());
   if (world->rank() == 0) std::filesystem::remove_all(dir, ec);
   return checked;
@@ -296,6 +328,13 @@ inline absl::Status CheckRun(const ElasticDemoOptions& o, const strata::LaunchEn
   if (expected_events == 1 && result.events[0].failed != std::vector<int>{o.kill_rank}) {
     return CheckFailed(
         absl::StrCat("rank ", env.rank, ": the failed set is not [", o.kill_rank, "]"));
+  }
+  if (expected_events == 1 && o.spares > 0 &&
+      (result.events[0].replaced.size() != 1 ||
+       result.events[0].mesh_after.dp != result.events[0].mesh_before.dp)) {
+    return CheckFailed(absl::StrCat("rank ", env.rank, ": with ", o.spares,
+                                    " spares a spare should have taken rank ", o.kill_rank,
+                                    "'s place and kept dp: ", result.events[0].ToJson()));
   }
   std::vector<double> all(static_cast<size_t>(world->size()) * LinearTask::kDim);
   strata::ConstBuffer mine{w.data(), w.size(), strata::DataType::kFloat64};

@@ -14,7 +14,7 @@
 //
 //   mpirun -np 8 cpp_trainer [--tp 2] [--pp 2] [--cp 1] [--ep 1] [--steps 40]
 //   mpirun --with-ft ulfm -np 8 cpp_trainer --tp 2 --pp 1 --elastic-steps 40 \
-//       --kill-rank 5 --kill-step 10 [--check 1] [--agreement store|ulfm]
+//       --kill-rank 5 --kill-step 10 [--check 1] [--agreement store|ulfm] [--spares N]
 //       [--step-sleep-ms 20] [--run-dir DIR]
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
       elastic.kill_step = value;
     else if (!std::strcmp(argv[i], "--step-sleep-ms"))
       elastic.step_sleep_ms = value;
+    else if (!std::strcmp(argv[i], "--spares"))
+      elastic.spares = value;
     else if (!std::strcmp(argv[i], "--check"))
       elastic.check = value != 0;
     else if (!std::strcmp(argv[i], "--agreement"))
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(RunDir(elastic), ec);
     StartKillWatcher(RunDir(elastic), env->rank, elastic.kill_step);
   }
-  spec.world_size = env->world_size;
+  spec.world_size = env->world_size - elastic.spares;
   spec.ranks_per_node = env->local_world_size;
   absl::StatusOr<strata::Mesh> mesh = strata::Mesh::Create(spec);
   if (!mesh.ok()) {
@@ -91,8 +93,13 @@ int main(int argc, char** argv) {
     std::printf("cpp_trainer linked against strata %s\n%s", strata::GetBuildInfo().version,
                 mesh->Describe().c_str());
   }
-  std::map<std::string, int> coords = mesh->Coords(env->rank).value();
-  std::printf("[rank %d] tp %d dp %d pp %d\n", env->rank, coords["tp"], coords["dp"], coords["pp"]);
+  if (env->rank < mesh->world_size()) {
+    std::map<std::string, int> coords = mesh->Coords(env->rank).value();
+    std::printf("[rank %d] tp %d dp %d pp %d\n", env->rank, coords["tp"], coords["dp"],
+                coords["pp"]);
+  } else {
+    std::printf("[rank %d] hot spare\n", env->rank);
+  }
   std::fflush(stdout);
   if (elastic_steps > 0) {
     elastic.steps = elastic_steps;

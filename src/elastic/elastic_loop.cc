@@ -78,7 +78,7 @@ ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOpti
       hooks_(std::move(hooks)),
       rank_(world.rank()) {
   if (!hooks_.abort_all) hooks_.abort_all = [w = &world_] { w->AbortAll(); };
-  membership_ = InitialMembership(world_.mesh().spec());
+  membership_ = InitialMembership(world_.mesh().spec(), world_.spares());
   root_members_ = membership_.members;
   agreement_ = MakeStoreAgreement(store_, options_);
   commit_ = MakeStoreStepCommit(store_, options_);
@@ -247,6 +247,19 @@ RecoveryEvent Merge(const std::vector<RecoveryEvent>& decided, RecoveryEvent las
   e.failed = std::move(failed);
   e.failed_why = std::move(why);
   e.leaving = std::move(leaving);
+  // A spare placed by an attempt whose regroup failed is still new to its
+  // position: every placement whose spare is in the final mesh counts.
+  std::vector<std::pair<int, int>> replaced;
+  const auto end = e.members.begin() + std::min<size_t>(e.members.size(), e.mesh_after.world_size);
+  for (const RecoveryEvent& d : decided) {
+    for (const auto& pair : d.replaced) {
+      if (std::find(e.members.begin(), end, pair.second) == end) continue;
+      bool known = false;
+      for (const auto& p : replaced) known = known || p.second == pair.second;
+      if (!known) replaced.push_back(pair);
+    }
+  }
+  e.replaced = std::move(replaced);
   e.epoch_before = first.epoch_before;
   e.mesh_before = first.mesh_before;
   e.cause = first.cause;
@@ -263,10 +276,13 @@ RecoveryEvent Merge(const std::vector<RecoveryEvent>& decided, RecoveryEvent las
 absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::Recover() {
   absl::Status last;
   std::vector<RecoveryEvent> decided;
+  const bool was_spare = membership_.IsSpare(rank_);
   for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
     absl::StatusOr<Recovery> r = RecoverOnce(attempt, decided);
     if (r.ok()) {
       r->event = Merge(decided, std::move(r->event));
+      r->event.placed = was_spare && r->outcome == Outcome::kContinue &&
+                        membership_.RootRankOf(rank_) >= 0 && !membership_.IsSpare(rank_);
       std::lock_guard<std::mutex> lock(mu_);
       events_.push_back(r->event);
       return r;
@@ -339,8 +355,12 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank_, " stops: ", decision.stop_reason));
   }
-  const Membership next = decision.Next(before);
+  const Membership next = decision.Next();
   event.members = next.members;
+  event.replaced = decision.replaced;
+  event.spares.assign(
+      next.members.begin() + std::min<size_t>(next.members.size(), next.mesh.world_size),
+      next.members.end());
   event.mesh_after = next.mesh;
   decided.push_back(event);
   if (Contains(decision.failed, rank_)) {
@@ -394,7 +414,8 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   // MPI_Comm_create_from_group, the way for excluded ranks that stay alive,
   // was seen to hang in its activation under load).
   root_options.excluded_exit_wait = std::min(options_.rebuild_timeout / 2, absl::Seconds(10));
-  absl::StatusOr<std::unique_ptr<Communicator>> root = world_.root().Shrink(excluded, root_options);
+  // The job communicator: the mesh and the spares (the root without spares).
+  absl::StatusOr<std::unique_ptr<Communicator>> root = world_.job().Shrink(excluded, root_options);
   if (root.ok() && *root == nullptr) {
     return absl::InternalError(absl::StrCat("rank ", rank_, " was excluded from its own shrink"));
   }
@@ -414,15 +435,49 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   }
   absl::StatusOr<Mesh> mesh = Mesh::Create(next.mesh);
   if (!mesh.ok()) return mesh.status();
-  absl::Status rebuilt = world_.Rebuild(*std::move(root), *mesh);
+  std::unique_ptr<Communicator> job = *std::move(root);
+  // The shrink keeps the old order; a spare that takes a failed rank's
+  // mesh position moves there by one more split.
+  std::vector<int> kept;
+  for (int r : root_members_) {
+    if (Contains(next.members, r)) kept.push_back(r);
+  }
+  if (kept != next.members) {
+    absl::StatusOr<std::unique_ptr<Communicator>> placed =
+        job->Split(0, next.RootRankOf(rank_), root_options);
+    if (!placed.ok()) {
+      (void)job->Abort();
+      return regroup_failed(placed.status(), "placing the spares in the mesh");
+    }
+    job = *std::move(placed);
+  }
+  absl::Status rebuilt = world_.Rebuild(std::move(job), *mesh);
   root_members_ = next.members;
   if (!rebuilt.ok()) return regroup_failed(rebuilt, "rebuilding the World");
   const absl::Time barrier_start = absl::Now();
   OpOptions barrier_options;
   barrier_options.timeout = options_.rebuild_timeout;
-  absl::StatusOr<std::unique_ptr<Work>> barrier = world_.root().Barrier(barrier_options);
+  absl::StatusOr<std::unique_ptr<Work>> barrier = world_.job().Barrier(barrier_options);
   absl::Status met = barrier.ok() ? (*barrier)->Wait() : barrier.status();
   if (!met.ok()) return regroup_failed(met, "the first barrier of the new world");
+  {
+    // A spare placed (by this attempt or an earlier one of this recovery)
+    // does not know the step to redo: the members tell it (the largest
+    // step any rank was at; spares were at none). Every rank decides alike
+    // whether to (the decisions are the same everywhere).
+    bool placing = false;
+    for (const RecoveryEvent& d : decided) placing = placing || !d.replaced.empty();
+    if (placing) {
+      int64_t step = current_step_.load();
+      absl::StatusOr<std::unique_ptr<Work>> told =
+          world_.job().AllReduce(ConstBuffer(&step, 1, DataType::kInt64), Buffer::Of(&step, 1),
+                                 ReduceOp::kMax, barrier_options);
+      absl::Status got = told.ok() ? (*told)->Wait() : told.status();
+      if (!got.ok()) return regroup_failed(got, "telling the placed spares the step");
+      current_step_.store(step);
+      event.step = step;
+    }
+  }
   event.rebuilt_at = absl::Now();
   event.first_collective = event.rebuilt_at - barrier_start;
   event.rebuild = NonNegative(event.rebuilt_at - decided_at);
@@ -474,6 +529,43 @@ absl::StatusOr<bool> ElasticLoop::AllShrunk(const Membership& next, bool shrunk)
   return *failed == 0;
 }
 
+absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::StandBy() {
+  Recovery r;
+  const internal::Keys keys(options_.job, 0);
+  while (membership_.IsSpare(rank_)) {
+    // Finished first: once the members are done their heartbeats stop,
+    // and this rank's monitor would take that for a failure.
+    absl::StatusOr<int64_t> finished =
+        store_->Add(keys.Finished(), 0, absl::Now() + options_.decision_timeout);
+    if (!finished.ok()) {
+      return StoreLost(rank_, membership_, *store_, finished.status(), "standing by");
+    }
+    if (*finished > 0) {
+      r.outcome = Outcome::kFinished;
+      return r;
+    }
+    if (alarmed()) {
+      STRATA_ASSIGN_OR_RETURN(r, Recover());
+      if (r.outcome != Outcome::kContinue || r.event.placed) return r;
+      continue;  // still standing by, in the next epoch
+    }
+    absl::SleepFor(options_.heartbeat_interval);
+  }
+  return r;
+}
+
+absl::Status ElasticLoop::Finish() {
+  const internal::Keys keys(options_.job, 0);
+  absl::StatusOr<int64_t> n =
+      store_->Add(keys.Finished(), 1, absl::Now() + options_.decision_timeout);
+  if (!n.ok()) {
+    return strata::internal::Annotate(
+        n.status(),
+        absl::StrCat("rank ", rank_, " marking the job finished on ", store_->Describe()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int64_t first_step,
                                             int64_t end_step) {
   if (!callbacks.step || !callbacks.apply) {
@@ -481,6 +573,23 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
   }
   LoopResult result;
   int64_t step = first_step;
+  if (membership_.IsSpare(rank_)) {
+    STRATA_ASSIGN_OR_RETURN(Recovery r, StandBy());
+    if (r.outcome != Outcome::kContinue) {
+      result.left = r.outcome == Outcome::kLeave;
+      result.stood_by = r.outcome == Outcome::kFinished;
+      result.next_step = step;
+      result.events = events();
+      return result;
+    }
+    step = r.event.step;
+    if (callbacks.restore) {
+      STRATA_RETURN_IF_ERROR_CTX(callbacks.restore(r.event), "receiving the state of position ",
+                                 world_.rank(), " after epoch ", r.event.epoch_after, "'s regroup");
+    }
+    RecordRestore(absl::Now(), r.event.restored_from);
+    if (callbacks.on_world_changed) callbacks.on_world_changed(events().back());
+  }
   while (step < end_step) {
     StepContext ctx;
     ctx.step = step;
@@ -513,6 +622,7 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
       callbacks.on_world_changed(all.back());
     }
   }
+  STRATA_RETURN_IF_ERROR(Finish());
   result.next_step = step;
   result.events = events();
   return result;

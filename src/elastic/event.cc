@@ -57,7 +57,10 @@ std::string RecoveryEvent::ToJson() const {
   j["failed_why"] = failed_why;
   j["leaving"] = leaving;
   j["members"] = members;
+  j["replaced"] = replaced;
+  j["spares"] = spares;
   j["leaves"] = leaves;
+  j["placed"] = placed;
   j["cause"] = {{"source", DetectionSourceName(cause.source)},
                 {"reporter", cause.reporter},
                 {"suspect", cause.suspect},

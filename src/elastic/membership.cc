@@ -53,15 +53,30 @@ int Membership::RootRankOf(int job_rank) const {
   return it == members.end() ? -1 : static_cast<int>(it - members.begin());
 }
 
-std::string Membership::ToString() const {
-  return absl::StrCat("epoch ", epoch, ": ", members.size(), " ranks ", Ranks(members), ", ",
-                      DescribeMesh(mesh));
+int Membership::spares() const {
+  return std::max(0, static_cast<int>(members.size()) - mesh.world_size);
 }
 
-Membership InitialMembership(const MeshSpec& mesh) {
+bool Membership::IsSpare(int job_rank) const {
+  const int root = RootRankOf(job_rank);
+  return root >= 0 && root >= mesh.world_size;
+}
+
+std::string Membership::ToString() const {
+  const size_t active = std::min(members.size(), static_cast<size_t>(mesh.world_size));
+  std::string out = absl::StrCat("epoch ", epoch, ": ", active, " ranks ",
+                                 Ranks(absl::MakeConstSpan(members).subspan(0, active)), ", ",
+                                 DescribeMesh(mesh));
+  if (spares() > 0) {
+    absl::StrAppend(&out, ", spares ", Ranks(absl::MakeConstSpan(members).subspan(active)));
+  }
+  return out;
+}
+
+Membership InitialMembership(const MeshSpec& mesh, int spares) {
   Membership m;
   m.epoch = 1;
-  m.members.resize(static_cast<size_t>(mesh.world_size));
+  m.members.resize(static_cast<size_t>(mesh.world_size + std::max(0, spares)));
   std::iota(m.members.begin(), m.members.end(), 0);
   m.mesh = mesh;
   return m;
@@ -181,6 +196,63 @@ absl::StatusOr<RegroupPlan> PlanRegroup(const Mesh& mesh, absl::Span<const int> 
     }
   }
   plan.new_mesh = next->spec();
+  return plan;
+}
+
+absl::StatusOr<ChangePlan> PlanChange(const Membership& current, absl::Span<const int> failed) {
+  const int active = current.mesh.world_size;
+  std::vector<char> gone(current.members.size(), 0);
+  for (int f : failed) {
+    const int root = current.RootRankOf(f);
+    if (root < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("failed rank ", f, " is no member of ", current.ToString()));
+    }
+    gone[static_cast<size_t>(root)] = 1;
+  }
+  std::vector<int> spares;  // live spares, in standing order
+  for (size_t r = static_cast<size_t>(active); r < current.members.size(); ++r) {
+    if (gone[r] == 0) spares.push_back(current.members[r]);
+  }
+  STRATA_ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create(current.mesh));
+  // The failed mesh positions of each replica; the replicas that lost the
+  // fewest get spares first (a spare placed in a replica that is dropped
+  // anyway would be wasted).
+  std::vector<std::vector<int>> losses;
+  for (const std::vector<int>& replica : Replicas(mesh)) {
+    std::vector<int> lost;
+    for (int r : replica) {
+      if (gone[static_cast<size_t>(r)] != 0) lost.push_back(r);
+    }
+    if (!lost.empty()) losses.push_back(std::move(lost));
+  }
+  std::stable_sort(losses.begin(), losses.end(),
+                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  std::map<int, int> placed;  // mesh position -> spare's job rank
+  std::vector<int> dropped;   // failed positions left without a spare
+  size_t next_spare = 0;
+  for (const std::vector<int>& lost : losses) {
+    if (spares.size() - next_spare >= lost.size()) {
+      for (int position : lost) placed[position] = spares[next_spare++];
+    } else {
+      dropped.insert(dropped.end(), lost.begin(), lost.end());
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(RegroupPlan regroup, PlanRegroup(mesh, dropped));
+  ChangePlan plan;
+  plan.next.mesh = regroup.new_mesh;
+  for (int r : regroup.leaving) plan.leaving.push_back(current.members[static_cast<size_t>(r)]);
+  std::sort(plan.leaving.begin(), plan.leaving.end());
+  for (int position : regroup.survivors) {
+    auto it = placed.find(position);
+    if (it == placed.end()) {
+      plan.next.members.push_back(current.members[static_cast<size_t>(position)]);
+    } else {
+      plan.next.members.push_back(it->second);
+      plan.replaced.emplace_back(current.members[static_cast<size_t>(position)], it->second);
+    }
+  }
+  for (size_t i = next_spare; i < spares.size(); ++i) plan.next.members.push_back(spares[i]);
   return plan;
 }
 

@@ -27,7 +27,7 @@ class StoreStepCommit final : public StepCommit {
     std::lock_guard<std::mutex> lock(mu_);
     keys_.emplace(options_.job, membership.epoch);
     epoch_ = membership.epoch;
-    size_ = static_cast<int64_t>(membership.members.size());
+    size_ = static_cast<int64_t>(membership.mesh.world_size);  // spares do not vote
     voted_ = 0;
     return absl::OkStatus();
   }

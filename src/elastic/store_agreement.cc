@@ -243,18 +243,7 @@ class StoreAgreement final : public Agreement {
                        "), not a majority: this partition stops rather than train on "
                        "beside another");
     } else {
-      absl::StatusOr<Mesh> mesh = Mesh::Create(current.mesh);
-      if (!mesh.ok()) return strata::internal::Annotate(mesh.status(), where);
-      std::vector<int> roots;
-      for (int f : d.failed) roots.push_back(current.RootRankOf(f));
-      absl::StatusOr<RegroupPlan> plan = PlanRegroup(*mesh, roots);
-      if (!plan.ok()) {
-        d.kind = Decision::Kind::kStop;
-        d.stop_reason = std::string(plan.status().message());
-      } else {
-        for (int r : plan->leaving) d.leaving.push_back(current.members[r]);
-        d.mesh = plan->new_mesh;
-      }
+      d.Plan(current);
     }
     d.decided_at = absl::Now();
     absl::StatusOr<std::string> written = store_->CompareSet(
@@ -292,16 +281,25 @@ class StoreAgreement final : public Agreement {
 
 }  // namespace
 
-Membership Decision::Next(const Membership& current) const {
+Membership Decision::Next() const {
   Membership next;
   next.epoch = next_epoch;
   next.mesh = mesh;
-  for (int m : current.members) {
-    if (std::binary_search(failed.begin(), failed.end(), m)) continue;
-    if (std::binary_search(leaving.begin(), leaving.end(), m)) continue;
-    next.members.push_back(m);
-  }
+  next.members = members;
   return next;
+}
+
+void Decision::Plan(const Membership& current) {
+  absl::StatusOr<ChangePlan> plan = PlanChange(current, failed);
+  if (!plan.ok()) {
+    kind = Kind::kStop;
+    stop_reason = std::string(plan.status().message());
+    return;
+  }
+  leaving = std::move(plan->leaving);
+  replaced = std::move(plan->replaced);
+  members = std::move(plan->next.members);
+  mesh = plan->next.mesh;
 }
 
 std::string Decision::Encode() const {
@@ -312,6 +310,8 @@ std::string Decision::Encode() const {
   j["failed"] = failed;
   j["failed_why"] = failed_why;
   j["leaving"] = leaving;
+  j["replaced"] = replaced;
+  j["members"] = members;
   j["mesh"] = {{"world_size", mesh.world_size},
                {"tp", mesh.tp},
                {"pp", mesh.pp},
@@ -342,6 +342,8 @@ absl::StatusOr<Decision> Decision::Decode(absl::string_view text) {
     d.failed = j.at("failed").get<std::vector<int>>();
     d.failed_why = j.at("failed_why").get<std::vector<std::string>>();
     d.leaving = j.at("leaving").get<std::vector<int>>();
+    d.replaced = j.at("replaced").get<std::vector<std::pair<int, int>>>();
+    d.members = j.at("members").get<std::vector<int>>();
     const nlohmann::json& m = j.at("mesh");
     d.mesh.world_size = m.at("world_size").get<int>();
     d.mesh.tp = m.at("tp").get<int>();

@@ -175,14 +175,12 @@ class UlfmAgreement final : public Agreement {
       }
     }
     d.known_by_all_at = absl::Now();
-    std::vector<int> failed_roots;
     int live = 0;
     for (int r = 0; r < n; ++r) {
       if (alive[static_cast<size_t>(r)]) {
         ++live;
         continue;
       }
-      failed_roots.push_back(r);
       d.failed.push_back(members_[static_cast<size_t>(r)]);
       d.failed_why.push_back(why[static_cast<size_t>(r)].empty()
                                  ? "taken as failed by another survivor (agreed over ULFM)"
@@ -214,21 +212,11 @@ class UlfmAgreement final : public Agreement {
           absl::StrCat("only ", live, " of the ", n, " members of epoch ", current.epoch,
                        " are alive (agreed over ULFM), not a majority: the job stops");
     } else {
-      absl::StatusOr<Mesh> mesh = Mesh::Create(current.mesh);
-      if (!mesh.ok()) return strata::internal::Annotate(mesh.status(), where);
-      absl::StatusOr<RegroupPlan> plan = PlanRegroup(*mesh, failed_roots);
-      if (!plan.ok()) {
-        d.kind = Decision::Kind::kStop;
-        d.stop_reason = std::string(plan.status().message());
-      } else {
-        for (int r : plan->leaving) d.leaving.push_back(current.members[static_cast<size_t>(r)]);
-        std::sort(d.leaving.begin(), d.leaving.end());
-        d.mesh = plan->new_mesh;
-      }
+      d.Plan(current);
     }
     d.decided_at = absl::Now();
     if (d.kind == Decision::Kind::kContinue) {
-      const Membership next = d.Next(current);
+      const Membership next = d.Next();
       if (std::find(next.members.begin(), next.members.end(), rank) != next.members.end()) {
         STRATA_RETURN_IF_ERROR(NextControl(current, next, where));
       }

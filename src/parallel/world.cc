@@ -84,10 +84,15 @@ absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const
         absl::StrCat("WorldOptions version ", options.version,
                      " is not supported (this build: ", WorldOptions::kVersion, ")"));
   }
-  if (mesh.world_size() != env.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("the mesh is for ", mesh.world_size(),
-                                                   " ranks but the job has ", env.world_size, " (",
-                                                   env.ToString(), ")"));
+  if (options.spares < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorldOptions::spares is ", options.spares, "; want >= 0"));
+  }
+  if (mesh.world_size() + options.spares != env.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the mesh is for ", mesh.world_size(), " ranks",
+                     options.spares > 0 ? absl::StrCat(" and ", options.spares, " spares") : "",
+                     " but the job has ", env.world_size, " (", env.ToString(), ")"));
   }
   STRATA_RETURN_IF_ERROR(CheckTrace(options.trace));
   STRATA_ASSIGN_OR_RETURN(Settings settings, Settings::FromEnvironment());
@@ -133,10 +138,15 @@ absl::StatusOr<std::unique_ptr<World>> World::FromRoot(std::unique_ptr<Communica
                      " is not supported (this build: ", WorldOptions::kVersion, ")"));
   }
   if (root == nullptr) return absl::InvalidArgumentError("World::FromRoot: root is null");
-  if (mesh.world_size() != root->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the mesh is for ", mesh.world_size(),
-                                                   " ranks but the root communicator has ",
-                                                   root->size()));
+  if (options.spares < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WorldOptions::spares is ", options.spares, "; want >= 0"));
+  }
+  if (mesh.world_size() + options.spares != root->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the mesh is for ", mesh.world_size(), " ranks",
+                     options.spares > 0 ? absl::StrCat(" and ", options.spares, " spares") : "",
+                     " but the root communicator has ", root->size()));
   }
   if (options.group_creation_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -171,6 +181,9 @@ int World::rank() const { return state_->root()->rank(); }
 int World::size() const { return state_->root()->size(); }
 Mesh World::mesh() const { return state_->mesh(); }
 Communicator& World::root() const { return *state_->root(); }
+Communicator& World::job() const { return *state_->job(); }
+bool World::is_spare() const { return state_->spare(); }
+int World::spares() const { return state_->spares(); }
 uint64_t World::generation() const { return state_->generation(); }
 absl::Status World::status() const { return state_->status(); }
 

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,7 +55,12 @@ struct STRATA_EXPORT Decision {
   std::vector<int> failed;
   std::vector<std::string> failed_why;  // same order as `failed`
   std::vector<int> leaving;
-  // The next epoch's mesh (kContinue).
+  // (failed job rank, the spare that takes its mesh position) (membership.h
+  // PlanChange).
+  std::vector<std::pair<int, int>> replaced;
+  // The next epoch's members in root order, spares last, and mesh
+  // (kContinue).
+  std::vector<int> members;
   MeshSpec mesh;
   // Why the job stops (kStop).
   std::string stop_reason;
@@ -64,9 +70,11 @@ struct STRATA_EXPORT Decision {
   absl::Time known_by_all_at = absl::InfinitePast();
   absl::Time decided_at = absl::InfinitePast();
 
-  // The next epoch's membership: `current`'s members without the failed
-  // and leaving ranks, in order.
-  Membership Next(const Membership& current) const;
+  // The next epoch's membership: `members` and `mesh` at `next_epoch`.
+  Membership Next() const;
+  // Fills leaving, replaced, members and mesh from PlanChange(current,
+  // failed), or makes the decision a stop naming why no mesh is left.
+  void Plan(const Membership& current);
   std::string Encode() const;
   static absl::StatusOr<Decision> Decode(absl::string_view text);
 };

@@ -27,6 +27,20 @@
 // new mesh), and a barrier over the new world. A failure during a recovery
 // starts it again with the next epoch (at most options.max_attempts).
 //
+// Spares (a World with WorldOptions::spares): the spares are members of
+// every epoch (they heartbeat, check in and agree) but not of the mesh, and
+// do not vote on steps. A spare calls StandBy(), which waits cheaply (a
+// sleep and one store read per `heartbeat_interval`) until a recovery
+// places it or the job finishes. When a member fails, the agreement
+// (PlanChange) gives its mesh position to a live spare, so the replica
+// stays whole and dp stays; only when the spares run out are replicas
+// dropped. The regroup shrinks World::job() and, when a spare moved in,
+// splits it once more so that every rank has its mesh position; the
+// members whose dp group gained a spare then send it the state of their
+// position (the `restore` callback: event.replaced names the pairs) and
+// the placed spare learns the step to run. A member that finishes Run (or
+// calls Finish) ends the spares' StandBy with kFinished.
+//
 // Live ranks of a dropped replica leave: they take no part in the shrink;
 // with LeavePolicy::kExit (the default) Recover ends their process, with
 // kReturn it returns kLeave and the caller must end it soon, without
@@ -94,6 +108,8 @@ struct STRATA_EXPORT LoopResult {
   int64_t next_step = 0;
   // True when this rank left (its replica was dropped).
   bool left = false;
+  // True on a spare that was never placed before the job finished.
+  bool stood_by = false;
   std::vector<RecoveryEvent> events;
 };
 
@@ -150,7 +166,7 @@ class STRATA_EXPORT ElasticLoop {
   // True once this rank knows of the current epoch's alarm.
   bool alarmed() const;
 
-  enum class Outcome : uint8_t { kContinue, kLeave };
+  enum class Outcome : uint8_t { kContinue, kLeave, kFinished };
   struct Recovery {
     Outcome outcome = Outcome::kContinue;
     RecoveryEvent event;
@@ -159,7 +175,19 @@ class STRATA_EXPORT ElasticLoop {
   // caller restores and may set event.restore / restored_from; Run does).
   absl::StatusOr<Recovery> Recover();
 
-  // Runs steps [first_step, end_step) with recovery (see LoopCallbacks).
+  // On a spare: waits until a recovery places this rank in the mesh
+  // (kContinue; event.placed, event.step is the step to run, the World is
+  // rebuilt with this rank in its groups), the job's members finish
+  // (kFinished), or this rank must leave (kLeave). Returns at once with
+  // kContinue on a member. Errors as Recover's.
+  absl::StatusOr<Recovery> StandBy();
+  // This rank's members finished the job: spares standing by return
+  // kFinished. Run calls it at its end.
+  absl::Status Finish();
+
+  // Runs steps [first_step, end_step) with recovery (see LoopCallbacks);
+  // a spare stands by first and, once placed, restores (the callback) and
+  // runs from the step it was told.
   absl::StatusOr<LoopResult> Run(const LoopCallbacks& callbacks, int64_t first_step,
                                  int64_t end_step);
 

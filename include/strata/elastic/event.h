@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -77,14 +78,21 @@ struct STRATA_EXPORT RecoveryEvent {
   std::vector<int> failed;
   std::vector<int> leaving;
   std::vector<int> members;
+  // (failed job rank, the spare that took its mesh position); the spares
+  // still standing by after the change (job ranks; also the last of
+  // `members`).
+  std::vector<std::pair<int, int>> replaced;
+  std::vector<int> spares;
   // Why each failed rank was taken as failed ("process gone", "heartbeat
   // stale 3.1s", "no check-in within 2s"), in the order of `failed`.
   std::vector<std::string> failed_why;
   MeshSpec mesh_before;
   MeshSpec mesh_after;
-  // This rank's job rank, and whether it leaves (its replica was dropped).
+  // This rank's job rank, whether it leaves (its replica was dropped), and
+  // whether it was a spare placed into the mesh by this change.
   int rank = -1;
   bool leaves = false;
+  bool placed = false;
   // Recovery attempts it took (> 1 when a rank failed during a recovery).
   int attempts = 1;
   // The next step to run (the failed step, redone) when known.

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -37,19 +38,25 @@ namespace strata::elastic {
 struct STRATA_EXPORT Membership {
   // 1 at the start of a job; +1 at every agreed change.
   uint64_t epoch = 1;
-  // members[i] is the job rank of root rank i of the current World.
+  // members[i] is the job rank of root rank i of the current World's job
+  // communicator: first the mesh.world_size ranks of the mesh, in mesh
+  // order, then the hot spares (initialised, standing by, in no group).
   std::vector<int> members;
-  // The current mesh (spec.world_size == members.size()).
+  // The current mesh (spec.world_size <= members.size()).
   MeshSpec mesh;
 
   // The root rank of `job_rank` in this epoch, or -1 when it is no member.
   int RootRankOf(int job_rank) const;
-  // "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2".
+  // How many members stand by, and whether `job_rank` is one of them.
+  int spares() const;
+  bool IsSpare(int job_rank) const;
+  // "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2" (", spares [8]").
   std::string ToString() const;
 };
 
-// The starting membership of a World of `mesh`: epoch 1, job ranks 0..n-1.
-STRATA_EXPORT Membership InitialMembership(const MeshSpec& mesh);
+// The starting membership of a World of `mesh` and `spares` hot spares:
+// epoch 1, job ranks 0..n-1 in the mesh, n..n+spares-1 standing by.
+STRATA_EXPORT Membership InitialMembership(const MeshSpec& mesh, int spares = 0);
 
 // "dp4 x tp2" (axes of size 1 left out; "1 rank" for a world of one).
 STRATA_EXPORT std::string DescribeMesh(const MeshSpec& spec);
@@ -77,5 +84,25 @@ struct STRATA_EXPORT RegroupPlan {
 // a bad rank. An empty `failed` plans a rebuild onto the same mesh.
 STRATA_EXPORT absl::StatusOr<RegroupPlan> PlanRegroup(const Mesh& mesh,
                                                       absl::Span<const int> failed);
+
+// What a change of membership does, spares included: each replica that
+// lost ranks gets spares in their places (the spare takes the failed rank's
+// mesh position, so dp stays) while enough spares are alive, replicas with
+// the fewest losses first; the replicas left without are dropped whole as
+// PlanRegroup says.
+struct STRATA_EXPORT ChangePlan {
+  // The next membership (epoch unset): members in root order, the mesh.
+  Membership next;
+  // Job ranks: live ranks of dropped replicas, sorted.
+  std::vector<int> leaving;
+  // (failed job rank, the spare that takes its mesh position), by position.
+  std::vector<std::pair<int, int>> replaced;
+};
+
+// Plans the change of `current` without the job ranks `failed` (members of
+// `current`, any order). The errors of PlanRegroup; InvalidArgument for a
+// rank that is no member.
+STRATA_EXPORT absl::StatusOr<ChangePlan> PlanChange(const Membership& current,
+                                                    absl::Span<const int> failed);
 
 }  // namespace strata::elastic

@@ -57,6 +57,15 @@
 // rebuild holds a GroupHandle (group_handle.h), which resolves the current
 // generation's communicator at each use.
 //
+// Spares. A job may have more processes than the mesh: the first
+// mesh.world_size() ranks of the job communicator form the mesh, the last
+// WorldOptions::spares stand by. A spare's World has no group (Group and
+// Handle fail with FailedPrecondition saying so); its root() is the job
+// communicator. Creation (and Rebuild) is collective over the whole job,
+// spares included; a Rebuild whose new job communicator puts a spare among
+// the first mesh.world_size() ranks makes it a member. job() is what the
+// elastic layer shrinks.
+//
 // Thread-safety: lookups of existing groups (Group, Handle, GroupHandle::
 // Resolve), generation(), status(), mesh() and AbortAll() may be called from
 // any thread at any time; none of them waits for a collective. Creating a
@@ -119,8 +128,9 @@ struct STRATA_EXPORT TraceOptions {
 
 struct STRATA_EXPORT WorldOptions {
   // Version 2 removed `extra_groups` (every combination is created on first
-  // request) and added `group_creation_timeout`; version 3 added `trace`.
-  static constexpr int kVersion = 3;
+  // request) and added `group_creation_timeout`; version 3 added `trace`;
+  // version 4 added `spares`.
+  static constexpr int kVersion = 4;
   int version = kVersion;
   // Root communicator: backend ("auto", "mpi"), default operation timeout
   // (which also bounds the creation of every group), backend settings.
@@ -132,13 +142,17 @@ struct STRATA_EXPORT WorldOptions {
   // The flight recorder (Create only: a root given to FromRoot is recorded
   // when its CommOptions::sink is a FlightRecorder, which is then used).
   TraceOptions trace;
+  // Hot spares: the job has the mesh's ranks plus this many, which stand
+  // by in no group (see "Spares" above) until strata::elastic places one
+  // where a member failed.
+  int spares = 0;
 };
 
 class STRATA_EXPORT World {
  public:
   // Creates the root communicator from `env` and the standard groups of
   // `mesh`. Collective over the job. InvalidArgument when the mesh's world
-  // size is not the job's.
+  // size plus the spares is not the job's.
   static absl::StatusOr<std::unique_ptr<World>> Create(const LaunchEnv& env, const Mesh& mesh,
                                                        const WorldOptions& options);
   // The same over an existing root communicator (any backend), which the
@@ -157,6 +171,12 @@ class STRATA_EXPORT World {
   // This rank in the root communicator, and its size (current generation).
   int rank() const;
   int size() const;
+  // Every process of the job: the root plus the spares (the root itself
+  // when there are none). Valid until Rebuild.
+  Communicator& job() const;
+  // Whether this rank stands by outside the mesh, and how many do.
+  bool is_spare() const;
+  int spares() const;
   // The mesh of the current generation.
   Mesh mesh() const;
   // The root communicator of the current generation (valid until Rebuild).
@@ -192,8 +212,9 @@ class STRATA_EXPORT World {
   // them, then creates the standard groups of `new_mesh` over `new_root`
   // and increments the generation. Collective over `new_root` (every
   // survivor calls it); the caller has revoked or aborted the old root and
-  // made `new_root` from it (Shrink). InvalidArgument (the World unchanged)
-  // when `new_root` is null or the mesh is not for its size; on a later
+  // made `new_root` from it (Shrink). `new_root` may be larger than the
+  // mesh: its last ranks are then spares (see "Spares"). InvalidArgument
+  // (the World unchanged) when `new_root` is null or smaller than the mesh; on a later
   // failure the World is left broken at the new generation (status() says
   // why; a later Rebuild may repair it), never half built.
   absl::Status Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& new_mesh);

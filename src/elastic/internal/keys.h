@@ -12,6 +12,8 @@
 //   strata/elastic/<job>/<epoch>/step/<n>        step n: commit or abort (CompareSet)
 //   strata/elastic/<job>/<epoch>/regroup/done    members past their shrink (Add)
 //   strata/elastic/<job>/<epoch>/regroup/failed  members whose shrink failed (Add)
+//   strata/elastic/<job>/finished                the epoch whose members finished (Set):
+//                                                spares standing by end
 //
 // Ranks are job ranks (stable across epochs).
 #pragma once
@@ -26,7 +28,8 @@ namespace strata::elastic::internal {
 class Keys {
  public:
   Keys(std::string job, uint64_t epoch)
-      : prefix_(absl::StrCat("strata/elastic/", job, "/", epoch, "/")) {}
+      : job_prefix_(absl::StrCat("strata/elastic/", job, "/")),
+        prefix_(absl::StrCat(job_prefix_, epoch, "/")) {}
 
   std::string Heartbeat(int rank) const { return absl::StrCat(prefix_, "hb/", rank); }
   std::string Alarm() const { return absl::StrCat(prefix_, "alarm"); }
@@ -39,9 +42,11 @@ class Keys {
   std::string Step(int64_t step) const { return absl::StrCat(prefix_, "step/", step); }
   std::string Regrouped() const { return absl::StrCat(prefix_, "regroup/done"); }
   std::string RegroupFailed() const { return absl::StrCat(prefix_, "regroup/failed"); }
+  std::string Finished() const { return absl::StrCat(job_prefix_, "finished"); }
   const std::string& prefix() const { return prefix_; }
 
  private:
+  std::string job_prefix_;
   std::string prefix_;
 };
 

@@ -34,6 +34,13 @@ void AbortQuietly(const std::shared_ptr<Communicator>& c) {
   if (c != nullptr) (void)c->Abort();
 }
 
+absl::Status SpareHasNoGroup(const std::string& canonical) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("group '", canonical,
+                   "': this rank is a hot spare, in no group of the mesh until it takes a "
+                   "member's place (strata.elastic places spares at a failure)"));
+}
+
 }  // namespace
 
 absl::StatusOr<GroupName> ParseGroupName(absl::string_view axes) {
@@ -84,11 +91,31 @@ std::vector<std::string> AllGroupNames() {
   return out;
 }
 
-WorldState::WorldState(std::unique_ptr<Communicator> root, Mesh mesh, Timeouts timeouts)
-    : timeouts_(timeouts),
-      root_(std::move(root)),
-      world_(WorldAlias(root_)),
-      mesh_(std::move(mesh)) {}
+WorldState::WorldState(std::unique_ptr<Communicator> job, Mesh mesh, Timeouts timeouts)
+    : timeouts_(timeouts), job_(std::move(job)), mesh_(std::move(mesh)) {
+  if (job_->size() == mesh_.world_size()) {
+    root_ = job_;
+    world_ = WorldAlias(root_);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> WorldState::SplitRoot(
+    const std::shared_ptr<Communicator>& job, const Mesh& mesh, uint64_t generation) const {
+  if (job->size() == mesh.world_size()) return job;
+  const bool member = job->rank() < mesh.world_size();
+  CommOptions options;
+  options.name = "world";
+  options.timeout = timeouts_.op;
+  absl::StatusOr<std::unique_ptr<Communicator>> split =
+      job->Split(member ? 0 : -1, job->rank(), options);
+  if (!split.ok()) {
+    return Annotate(split.status(),
+                    absl::StrCat("splitting the mesh's ", mesh.world_size(), " ranks from the ",
+                                 job->size() - mesh.world_size(), " spares (world generation ",
+                                 generation, ")"));
+  }
+  return std::shared_ptr<Communicator>(std::move(split).value());
+}
 
 WorldState::~WorldState() { Destroy(); }
 
@@ -135,7 +162,22 @@ Mesh WorldState::mesh() const {
 
 Communicator* WorldState::root() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  return root_.get();
+  return root_ != nullptr ? root_.get() : job_.get();
+}
+
+Communicator* WorldState::job() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return job_.get();
+}
+
+bool WorldState::spare() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return job_ != nullptr && job_->rank() >= mesh_.world_size();
+}
+
+int WorldState::spares() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return job_ != nullptr ? job_->size() - mesh_.world_size() : 0;
 }
 
 std::vector<std::string> WorldState::GroupNames() const {
@@ -192,6 +234,14 @@ absl::Status WorldState::CreateInto(Communicator& root, const Mesh& mesh, uint64
 
 absl::Status WorldState::CreateStandardGroups() {
   std::lock_guard<std::mutex> create(create_mu_);
+  if (root_ == nullptr) {
+    STRATA_ASSIGN_OR_RETURN(std::shared_ptr<Communicator> root,
+                            SplitRoot(job_, mesh_, generation()));
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    root_ = std::move(root);
+    if (root_ != nullptr) world_ = WorldAlias(root_);
+  }
+  if (root_ == nullptr) return absl::OkStatus();  // a spare: no group
   Groups groups;
   for (const char* requested : kStandardGroups) {
     STRATA_ASSIGN_OR_RETURN(GroupName name, ParseGroupName(requested));
@@ -209,6 +259,7 @@ absl::StatusOr<ResolvedGroup> WorldState::Get(const std::string& canonical) {
     if (destroyed_ || rebuilding_ || !broken_.ok()) {
       return Usable(absl::StrCat("group '", canonical, "'"));
     }
+    if (root_ == nullptr) return SpareHasNoGroup(canonical);
     if (canonical == "world") return ResolvedGroup{world_.get(), generation()};
     if (const Entry* e = Find(groups_, canonical)) {
       return ResolvedGroup{e->comm.get(), generation()};
@@ -228,6 +279,7 @@ absl::StatusOr<ResolvedGroup> WorldState::Get(const std::string& canonical) {
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     STRATA_RETURN_IF_ERROR(Usable(what));
+    if (root_ == nullptr) return SpareHasNoGroup(canonical);
     if (name.world()) return ResolvedGroup{world_.get(), generation()};
     if (const Entry* e = Find(groups_, name.canonical)) {  // another thread made it
       return ResolvedGroup{e->comm.get(), generation()};
@@ -246,25 +298,29 @@ absl::StatusOr<ResolvedGroup> WorldState::Get(const std::string& canonical) {
 absl::Status WorldState::Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& new_mesh) {
   if (new_root == nullptr)
     return absl::InvalidArgumentError("World::Rebuild: the new root is null");
-  if (new_mesh.world_size() != new_root->size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "World::Rebuild: the mesh is for ", new_mesh.world_size(),
-        " ranks but the new root communicator '", new_root->name(), "' has ", new_root->size()));
+  if (new_mesh.world_size() > new_root->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("World::Rebuild: the mesh is for ", new_mesh.world_size(),
+                     " ranks but the new root communicator '", new_root->name(), "' has only ",
+                     new_root->size()));
   }
   std::lock_guard<std::mutex> create(create_mu_);
-  std::shared_ptr<Communicator> old_root, old_world;
+  std::shared_ptr<Communicator> old_job, old_root, old_world;
   Groups old_groups;
   uint64_t generation;
-  std::shared_ptr<Communicator> root = std::move(new_root);
+  std::shared_ptr<Communicator> job = std::move(new_root);
+  std::shared_ptr<Communicator> root = job->size() == new_mesh.world_size() ? job : nullptr;
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (destroyed_) return absl::FailedPreconditionError("World::Rebuild: the World was destroyed");
+    old_job = std::move(job_);
     old_root = std::move(root_);
     old_world = std::move(world_);
     old_groups = std::move(groups_);
     groups_.clear();
-    root_ = root;  // AbortAll reaches the new root while the groups are made
-    world_ = WorldAlias(root_);
+    job_ = job;    // AbortAll reaches the new communicators while the groups are made
+    root_ = root;  // null until split off the job's spares
+    if (root_ != nullptr) world_ = WorldAlias(root_);
     mesh_ = new_mesh;
     broken_ = absl::OkStatus();
     rebuilding_ = true;
@@ -275,13 +331,27 @@ absl::Status WorldState::Rebuild(std::unique_ptr<Communicator> new_root, const M
   // before the root, whose backend may own threads they use).
   for (const Entry& e : old_groups) AbortQuietly(e.comm);
   AbortQuietly(old_root);
+  AbortQuietly(old_job);
   old_groups.clear();
   old_world.reset();
   old_root.reset();
+  old_job.reset();
 
   Groups groups;
   absl::Status made;
+  if (root == nullptr) {
+    absl::StatusOr<std::shared_ptr<Communicator>> split = SplitRoot(job, new_mesh, generation);
+    if (split.ok()) {
+      root = *std::move(split);
+      std::unique_lock<std::shared_mutex> lock(mu_);
+      root_ = root;
+      if (root_ != nullptr) world_ = WorldAlias(root_);
+    } else {
+      made = split.status();
+    }
+  }
   for (const char* requested : kStandardGroups) {
+    if (!made.ok() || root == nullptr) break;  // failed, or a spare: no group
     absl::StatusOr<GroupName> name = ParseGroupName(requested);
     STRATA_CHECK(name.ok(), name.status().ToString());
     made = CreateInto(*root, new_mesh, generation, *name, Agreement::kNone, &groups);
@@ -304,7 +374,8 @@ void WorldState::AbortAll() {
   std::vector<std::shared_ptr<Communicator>> comms;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    comms.push_back(root_);
+    comms.push_back(job_);
+    if (root_ != job_) comms.push_back(root_);
     for (const Entry& e : groups_) comms.push_back(e.base);
   }
   // Outside the lock; the copies keep them alive if Rebuild drops them
@@ -314,12 +385,13 @@ void WorldState::AbortAll() {
 
 void WorldState::Destroy() {
   std::lock_guard<std::mutex> create(create_mu_);
-  std::shared_ptr<Communicator> root, world;
+  std::shared_ptr<Communicator> job, root, world;
   Groups groups;
   {
     std::unique_lock<std::shared_mutex> lock(mu_);
     if (destroyed_) return;
     destroyed_ = true;
+    job = std::move(job_);
     root = std::move(root_);
     world = std::move(world_);
     groups = std::move(groups_);
@@ -329,6 +401,7 @@ void WorldState::Destroy() {
   groups.clear();
   world.reset();
   root.reset();
+  job.reset();
 }
 
 }  // namespace strata::internal

@@ -60,10 +60,14 @@ class WorldState {
     absl::Duration creation;  // agreement on a group created on request
   };
 
-  WorldState(std::unique_ptr<Communicator> root, Mesh mesh, Timeouts timeouts);
+  // `job`: every process of the job; the first mesh.world_size() of its
+  // ranks are the mesh, the others hot spares (world.h).
+  WorldState(std::unique_ptr<Communicator> job, Mesh mesh, Timeouts timeouts);
   ~WorldState();
 
-  // Creates the standard groups (at World creation).
+  // Splits the mesh's root off the job communicator (when it has spares:
+  // collective over the job, spares included) and creates the standard
+  // groups (at World creation).
   absl::Status CreateStandardGroups();
 
   // The group of `canonical` (a canonical name, see ParseGroupName) in the
@@ -73,8 +77,14 @@ class WorldState {
   uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
   absl::Status status() const;
   Mesh mesh() const;
-  // The root communicator (never null).
+  // The root communicator (never null): the mesh's ranks; on a spare, the
+  // job communicator.
   Communicator* root() const;
+  // Every process of the job, spares included (the root when none).
+  Communicator* job() const;
+  // Whether this rank stands by outside the mesh, and how many do.
+  bool spare() const;
+  int spares() const;
   std::vector<std::string> GroupNames() const;
 
   absl::Status Rebuild(std::unique_ptr<Communicator> new_root, const Mesh& new_mesh);
@@ -100,11 +110,17 @@ class WorldState {
   static const Entry* Find(const Groups& groups, const std::string& name);
   // The root, under the name "world".
   static std::shared_ptr<Communicator> WorldAlias(const std::shared_ptr<Communicator>& root);
+  // The mesh's root out of `job`: `job` itself without spares, else a split
+  // (nullptr on a spare).
+  absl::StatusOr<std::shared_ptr<Communicator>> SplitRoot(const std::shared_ptr<Communicator>& job,
+                                                          const Mesh& mesh,
+                                                          uint64_t generation) const;
 
   const Timeouts timeouts_;
   std::mutex create_mu_;
   mutable std::shared_mutex mu_;
-  std::shared_ptr<Communicator> root_;
+  std::shared_ptr<Communicator> job_;
+  std::shared_ptr<Communicator> root_;   // null on a spare
   std::shared_ptr<Communicator> world_;  // root_, named "world"
   Mesh mesh_;
   Groups groups_;

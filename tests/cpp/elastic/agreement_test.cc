@@ -123,7 +123,7 @@ TEST(StoreAgreementTest, EverySubsetOfFailedRanksOfEightGetsOneDecision) {
       EXPECT_EQ(d.kind, Decision::Kind::kContinue) << where;
       EXPECT_EQ(d.leaving, plan->leaving) << where;  // job ranks = root ranks at epoch 1
       EXPECT_EQ(d.mesh.dp, plan->new_mesh.dp) << where;
-      Membership next = d.Next(m);
+      Membership next = d.Next();
       EXPECT_EQ(next.epoch, 2u);
       EXPECT_EQ(next.members, plan->survivors) << where;
     }

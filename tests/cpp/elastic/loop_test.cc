@@ -138,12 +138,13 @@ struct RankResult {
 // at step `at[r]`.
 std::vector<RankResult> Train(int n, int tp, int64_t steps,
                               std::map<int, std::pair<Fate, int64_t>> fates,
-                              ElasticOptions options = TestOptions()) {
+                              ElasticOptions options = TestOptions(), int spares = 0) {
   auto store = MakeMemoryStore();
   // One partition: the ranks whose fate is kCut lose the store together.
   auto cut = std::make_shared<std::atomic<bool>>(false);
   std::vector<RankResult> results(n);
   std::atomic<bool> survivors_done{false};
+  std::atomic<int64_t> progress{0};  // the latest step a member began
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -156,10 +157,11 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
         return;
       }
       MeshSpec spec;
-      spec.world_size = n;
+      spec.world_size = n - spares;
       spec.tp = tp;
       WorldOptions wo;
       wo.root.comm.timeout = absl::Seconds(60);
+      wo.spares = spares;
       auto world = World::FromRoot(*std::move(root), *Mesh::Create(spec), wo);
       if (!world.ok()) {
         out.status = world.status();
@@ -181,6 +183,9 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
       LoopCallbacks cb;
       cb.step = [&](const StepContext& ctx) -> absl::Status {
         if (fate.first == Fate::kCut && ctx.step == fate.second) cut->store(true);
+        for (int64_t seen = progress.load(); seen < ctx.step;) {
+          if (progress.compare_exchange_weak(seen, ctx.step)) break;
+        }
         // This replica's share of the global batch (uneven splits allowed).
         Mesh mesh = ctx.world->mesh();
         const int dp = mesh.dp();
@@ -208,9 +213,37 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
         for (int p = 0; p < kParams; ++p) params[p] -= kLr * grad[p];
         return absl::OkStatus();
       };
+      // A spare placed in a dp group gets the parameters of its position
+      // from the group's first rank that was no spare.
+      cb.restore = [&](RecoveryEvent& e) -> absl::Status {
+        if (e.replaced.empty()) return absl::OkStatus();
+        World& w = **world;
+        std::vector<int> placed;
+        for (const auto& pair : e.replaced) placed.push_back(pair.second);
+        absl::StatusOr<std::vector<int>> group = w.mesh().GroupOf(w.rank(), "dp");
+        if (!group.ok()) return group.status();
+        int source = -1;
+        bool gains = false;
+        for (int i = 0; i < static_cast<int>(group->size()); ++i) {
+          const int job = e.members[(*group)[i]];
+          const bool is_placed = std::find(placed.begin(), placed.end(), job) != placed.end();
+          gains = gains || is_placed;
+          if (!is_placed && source < 0) source = i;
+        }
+        if (!gains) return absl::OkStatus();
+        absl::StatusOr<Communicator*> dp = w.Group("dp");
+        if (!dp.ok()) return dp.status();
+        auto b = (*dp)->Broadcast(Buffer::Of(params.data(), kParams), source);
+        if (!b.ok()) return b.status();
+        return (*b)->Wait();
+      };
       if (fate.first == Fate::kDie || fate.first == Fate::kHang) {
+        // A spare fails once the members began that step.
+        while ((*world)->is_spare() && progress.load() < fate.second) {
+          absl::SleepFor(absl::Milliseconds(2));
+        }
         // A hand-written loop (what Run does) up to the step it fails in.
-        for (int64_t step = 0; step < fate.second;) {
+        for (int64_t step = 0; step < fate.second && !(*world)->is_spare();) {
           StepContext ctx;
           ctx.step = step;
           ctx.world = world->get();
@@ -230,6 +263,10 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
           absl::StatusOr<ElasticLoop::Recovery> rec = (*loop)->Recover();
           if (!rec.ok() || rec->outcome != ElasticLoop::Outcome::kContinue) {
             out.status = absl::InternalError("a rank meant to fail later failed to recover");
+            return;
+          }
+          if (absl::Status restored = cb.restore(rec->event); !restored.ok()) {
+            out.status = restored;
             return;
           }
         }
@@ -317,6 +354,77 @@ TEST(ElasticLoopTest, ARankThatDiesIsDroppedWithItsReplica) {
   EXPECT_EQ(e.mesh_after.dp, 3);
   EXPECT_EQ(e.step, 3);
   EXPECT_GT(e.rebuild, absl::ZeroDuration());
+}
+
+TEST(ElasticLoopTest, ASpareTakesTheFailedRanksPlaceAndDpStays) {
+  // dp3 x tp2 on ranks 0-5, spares 6 and 7: rank 3 dies at step 3; spare 6
+  // takes its mesh position, gets its replica partner's parameters, and
+  // the six train on as dp3 to the reference; spare 7 stands by to the end.
+  std::vector<RankResult> results = Train(8, 2, 8, {{3, {Fate::kDie, 3}}}, TestOptions(), 2);
+  for (int r : {0, 1, 2, 4, 5, 6}) {
+    const RankResult& res = results[r];
+    ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+    EXPECT_FALSE(res.loop.left);
+    EXPECT_EQ(res.loop.next_step, 8);
+    EXPECT_EQ(res.params, Reference(8)) << "rank " << r;
+    EXPECT_EQ(res.membership.epoch, 2u);
+    EXPECT_EQ(res.membership.mesh.dp, 3);
+    EXPECT_THAT(res.membership.members, ElementsAre(0, 1, 2, 6, 4, 5, 7));
+    ASSERT_EQ(res.loop.events.size(), 1u) << "rank " << r;
+    const RecoveryEvent& e = res.loop.events[0];
+    EXPECT_THAT(e.failed, ElementsAre(3));
+    EXPECT_TRUE(e.leaving.empty());
+    EXPECT_THAT(e.replaced, ElementsAre(std::make_pair(3, 6)));
+    EXPECT_THAT(e.spares, ElementsAre(7));
+    EXPECT_EQ(e.mesh_after.dp, 3);
+    EXPECT_EQ(e.step, 3);
+    EXPECT_EQ(e.placed, r == 6);
+  }
+  const RankResult& spare = results[7];
+  ASSERT_TRUE(spare.status.ok()) << spare.status;
+  EXPECT_TRUE(spare.loop.stood_by);
+  EXPECT_FALSE(spare.loop.left);
+  EXPECT_TRUE(spare.membership.IsSpare(7));
+}
+
+TEST(ElasticLoopTest, WhenTheSparesRunOutTheReplicaIsDropped) {
+  // dp3 on ranks 0-2, spare 3: rank 1 dies at step 2 (spare 3 takes its
+  // place), rank 0 at step 5 (no spare left: dp3 -> dp2).
+  std::vector<RankResult> results =
+      Train(4, 1, 8, {{1, {Fate::kDie, 2}}, {0, {Fate::kDie, 5}}}, TestOptions(), 1);
+  for (int r : {2, 3}) {
+    const RankResult& res = results[r];
+    ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+    EXPECT_EQ(res.loop.next_step, 8);
+    EXPECT_EQ(res.params, Reference(8)) << "rank " << r;
+    EXPECT_EQ(res.membership.epoch, 3u);
+    EXPECT_EQ(res.membership.mesh.dp, 2);
+    EXPECT_THAT(res.membership.members, ElementsAre(3, 2));
+    ASSERT_EQ(res.loop.events.size(), 2u);
+    EXPECT_THAT(res.loop.events[0].replaced, ElementsAre(std::make_pair(1, 3)));
+    EXPECT_EQ(res.loop.events[0].mesh_after.dp, 3);
+    EXPECT_TRUE(res.loop.events[1].replaced.empty());
+    EXPECT_THAT(res.loop.events[1].failed, ElementsAre(0));
+  }
+}
+
+TEST(ElasticLoopTest, ASpareThatDiesIsNotPlaced) {
+  // dp2 x tp2 on ranks 0-3, spares 4 and 5: spare 4 and member 2 die at
+  // step 3 together; spare 5 (not the dead 4) takes rank 2's place.
+  std::vector<RankResult> results =
+      Train(6, 2, 8, {{4, {Fate::kDie, 3}}, {2, {Fate::kDie, 3}}}, TestOptions(), 2);
+  for (int r : {0, 1, 3, 5}) {
+    const RankResult& res = results[r];
+    ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+    EXPECT_EQ(res.loop.next_step, 8);
+    EXPECT_EQ(res.params, Reference(8)) << "rank " << r;
+    EXPECT_EQ(res.membership.mesh.dp, 2);
+    EXPECT_THAT(res.membership.members, ElementsAre(0, 1, 5, 3));
+    ASSERT_EQ(res.loop.events.size(), 1u);
+    EXPECT_THAT(res.loop.events[0].failed, ElementsAre(2, 4));
+    EXPECT_THAT(res.loop.events[0].replaced, ElementsAre(std::make_pair(2, 5)));
+    EXPECT_TRUE(res.loop.events[0].spares.empty());
+  }
 }
 
 TEST(ElasticLoopTest, AHungRankIsFoundByItsHeartbeat) {

@@ -21,6 +21,7 @@
 namespace strata::elastic {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 MeshSpec Spec(int tp, int pp, int cp = 1, int ep = 1, const std::string& order = "tp-cp-ep-dp-pp") {
@@ -166,6 +167,65 @@ TEST(MembershipTest, RootRanksAndDescriptions) {
   EXPECT_EQ(m.RootRankOf(3), -1);
   EXPECT_EQ(m.ToString(), "epoch 2: 6 ranks [0, 1, 4, 5, 6, 7], dp3 x tp2");
   EXPECT_EQ(DescribeMesh(InitialMembership(m.mesh).mesh), "dp3 x tp2");
+}
+
+// PlanChange with spares: dp4 x tp2 on job ranks 0-7, spares 8 (and 9).
+TEST(PlanChangeTest, ASpareTakesTheFailedPositionAndDpStays) {
+  const Membership m = InitialMembership(Spec(2, 1), 2);
+  EXPECT_EQ(m.spares(), 2);
+  EXPECT_TRUE(m.IsSpare(9));
+  EXPECT_FALSE(m.IsSpare(7));
+  EXPECT_THAT(m.ToString(), HasSubstr("spares [8, 9]"));
+  absl::StatusOr<ChangePlan> p = PlanChange(m, {3});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->next.members, ElementsAre(0, 1, 2, 8, 4, 5, 6, 7, 9));
+  EXPECT_THAT(p->replaced, ElementsAre(std::make_pair(3, 8)));
+  EXPECT_TRUE(p->leaving.empty());
+  EXPECT_EQ(p->next.mesh.world_size, 8);
+  EXPECT_EQ(Mesh::Create(p->next.mesh)->dp(), 4);
+}
+
+TEST(PlanChangeTest, SparesGoToTheReplicasThatLostFewest) {
+  const Membership m = InitialMembership(Spec(2, 1), 2);
+  // Replica {2, 3} lost both, {0, 1} lost 1 and {6, 7} lost 7: two spares
+  // keep two replicas whole (one spare each) and {2, 3} is dropped.
+  absl::StatusOr<ChangePlan> p = PlanChange(m, {7, 2, 1, 3});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->next.members, ElementsAre(0, 8, 4, 5, 6, 9));
+  EXPECT_THAT(p->replaced, ElementsAre(std::make_pair(1, 8), std::make_pair(7, 9)));
+  EXPECT_TRUE(p->leaving.empty());
+  EXPECT_EQ(p->next.mesh.world_size, 6);
+  // Not enough spares for a replica that lost two: it is dropped, its live
+  // rank leaves, and the spare stays standing by.
+  const Membership one = InitialMembership(Spec(2, 1), 1);
+  p = PlanChange(one, {4, 5, 6});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->replaced, ElementsAre(std::make_pair(6, 8)));
+  EXPECT_THAT(p->next.members, ElementsAre(0, 1, 2, 3, 8, 7));
+  EXPECT_TRUE(p->leaving.empty());
+  p = PlanChange(one, {2, 3});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->replaced.empty());
+  EXPECT_THAT(p->next.members, ElementsAre(0, 1, 4, 5, 6, 7, 8));
+  EXPECT_EQ(p->next.mesh.world_size, 6);
+}
+
+TEST(PlanChangeTest, AFailedSpareLeavesThePoolAndNoMemberMoves) {
+  const Membership m = InitialMembership(Spec(2, 1), 2);
+  absl::StatusOr<ChangePlan> p = PlanChange(m, {8});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->next.members, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 9));
+  EXPECT_TRUE(p->replaced.empty());
+  // A dead spare is never placed: 9 takes 5's place.
+  p = PlanChange(m, {8, 5});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->replaced, ElementsAre(std::make_pair(5, 9)));
+  EXPECT_THAT(p->next.members, ElementsAre(0, 1, 2, 3, 4, 9, 6, 7));
+  // Live ranks of a dropped replica leave when the spares cannot save it.
+  p = PlanChange(InitialMembership(Spec(2, 1), 0), {5});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_THAT(p->leaving, ElementsAre(4));
+  EXPECT_THAT(PlanChange(m, {12}).status().message(), HasSubstr("failed rank 12 is no member"));
 }
 
 TEST(ElasticOptionsTest, BadValuesAreNamed) {
