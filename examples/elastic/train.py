@@ -80,6 +80,8 @@ def parse(argv=None):
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (1F1B)")
     p.add_argument("--dp", type=int, default=0, help="data-parallel size (0: the rest)")
+    p.add_argument("--spares", type=int, default=0,
+                   help="hot spares: the last N ranks stand by and take a failed rank's place")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (with --experts)")
     p.add_argument("--experts", type=int, default=0,
                    help="experts of a top-1 mixture-of-experts layer after the head (0: none)")
@@ -360,38 +362,46 @@ def main(argv=None):
     if args.device == "cuda":
         device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    world = strata.init(strata.Mesh(launch.world_size, **sizes), backend=args.backend,
-                        timeout=120)
-    pp = world.group("pp")
-    hold = Hold(args.hold, launch.rank, args.pid_dir, args.hold_seconds) if args.hold else None
-    if hold is not None and hold.op != "checkpoint" and (hold.op == "send") != (args.pp > 1):
-        raise SystemExit(f"--hold {args.hold}: 'send' holds in a pipeline send (--pp > 1), "
-                         "'allreduce' in DataParallel's all-reduce without pipeline (--pp 1)")
-    stage = Stage(args.hidden, args.layers, pp.rank, pp.size, world)
-    if hold is not None:
-        hold_points(hold, stage, pp)
-    # Gradients are summed over the data-parallel replicas by DataParallel
-    # (buckets reduced while backward runs); the loss below is divided by
-    # the global batch, so the sum is the mean over the global batch
-    # whatever dp is. Small buckets: several reductions overlap backward.
-    dp_options = {"reduce_op": "sum", "bucket_bytes": args.bucket_kib * 1024}
-    if args.experts:
-        ep = world.group("ep")
-        dense = snn.DataParallel(Dense(stage, args.hidden, args.experts).to(device), world,
-                                 **dp_options)
-        experts = snn.DataParallel(
-            Experts(args.hidden, args.experts, ep.rank, ep.size).to(device), world, axes="edp",
-            **dp_options)
-        model = MoEModel(dense, experts, args.experts, world)
-    else:
-        model = snn.DataParallel(stage.to(device), world, **dp_options)
+    world = strata.init(strata.Mesh(launch.world_size - args.spares, **sizes),
+                        backend=args.backend, timeout=120, spares=args.spares)
     x_all, y_all = (t.to(device) for t in dataset(args.samples, args.hidden))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
-    sampler = elastic.ElasticSampler(args.samples, args.batch, seed=3)
-    state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
-                          trained_samples=[])
-    params = [p for p in model.parameters()]
+    pp = model = opt = params = state = hold = stage = None
+
+    def build(world):
+        """The model, optimizer and State of this rank's mesh position (on a
+        spare: once a failure gave it one)."""
+        nonlocal pp, model, opt, params, state, hold, stage
+        pp = world.group("pp")
+        hold = Hold(args.hold, launch.rank, args.pid_dir, args.hold_seconds) if args.hold else None
+        if hold is not None and hold.op != "checkpoint" and (hold.op == "send") != (args.pp > 1):
+            raise SystemExit(f"--hold {args.hold}: 'send' holds in a pipeline send (--pp > 1), "
+                             "'allreduce' in DataParallel's all-reduce without pipeline (--pp 1)")
+        stage = Stage(args.hidden, args.layers, pp.rank, pp.size, world)
+        if hold is not None:
+            hold_points(hold, stage, pp)
+        # Gradients are summed over the data-parallel replicas by DataParallel
+        # (buckets reduced while backward runs); the loss below is divided by
+        # the global batch, so the sum is the mean over the global batch
+        # whatever dp is. Small buckets: several reductions overlap backward.
+        dp_options = {"reduce_op": "sum", "bucket_bytes": args.bucket_kib * 1024}
+        if args.experts:
+            ep = world.group("ep")
+            dense = snn.DataParallel(Dense(stage, args.hidden, args.experts).to(device), world,
+                                     **dp_options)
+            experts = snn.DataParallel(
+                Experts(args.hidden, args.experts, ep.rank, ep.size).to(device), world, axes="edp",
+                **dp_options)
+            model = MoEModel(dense, experts, args.experts, world)
+        else:
+            model = snn.DataParallel(stage.to(device), world, **dp_options)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+        sampler = elastic.ElasticSampler(args.samples, args.batch, seed=3)
+        state = elastic.State(model=model, optimizer=opt, scheduler=sched, sampler=sampler,
+                              trained_samples=[])
+        params = [p for p in model.parameters()]
+        return state
+
     slow = [parse_slow(v, args.step_sleep) for v in args.slow]
     drop = None
     if args.drop:
@@ -473,13 +483,15 @@ def main(argv=None):
                                  f"then (--checkpoint-every {args.checkpoint_every})")
             options.checkpoint_options = {
                 "_test_hook": hold.checkpoint_hook(hold.step // args.checkpoint_every)}
-    if world.rank == 0:
+    if not world.is_spare:
+        build(world)
+    if world.rank == 0 and not world.is_spare:
         n = sum(p.numel() for p in params)
         print(f"strata elastic example: {world.mesh!r}, {n:,} parameters on rank 0, "
               f"{args.steps} steps of {args.batch} samples", file=sys.stderr, flush=True)
     timeline = strata.timeline.Timeline(args.timeline, world=world) if args.timeline else None
-    result = elastic.run(train_step, state, world, options, steps=args.steps,
-                         on_world_changed=on_world_changed)
+    result = elastic.run(train_step, build if args.spares else state, world, options,
+                         steps=args.steps, on_world_changed=on_world_changed)
     if timeline is not None:
         timeline.close()
     if args.report:
@@ -544,6 +556,10 @@ def hold_points(hold, stage, pp):
 
 def write_report(directory, rank, world, state, result, params, model):
     os.makedirs(directory, exist_ok=True)
+    if result.stood_by:  # a spare the job never needed: nothing trained
+        with open(os.path.join(directory, f"rank{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "stood_by": True, "events": result.events}, f)
+        return
     h = hashlib.sha256()
     for p in params:
         h.update(p.detach().cpu().contiguous().numpy().tobytes())

@@ -312,7 +312,7 @@ std::unique_ptr<PyWorld> InitWorld(
     const Mesh& mesh, const std::string& backend, std::optional<double> timeout,
     std::optional<double> group_timeout, std::optional<std::map<std::string, std::string>> env,
     std::optional<PyStore> store, std::optional<bool> trace, std::optional<std::string> trace_dir,
-    std::optional<size_t> trace_buffer, std::shared_ptr<observe::OpSink> sink) {
+    std::optional<size_t> trace_buffer, std::shared_ptr<observe::OpSink> sink, int spares) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
   WorldOptions options;
@@ -323,6 +323,7 @@ std::unique_ptr<PyWorld> InitWorld(
   options.trace.enabled = trace;
   if (trace_dir) options.trace.dir = *trace_dir;
   if (trace_buffer) options.trace.capacity = *trace_buffer;
+  options.spares = spares;
   // Where every communicator of the world records its operations (the
   // metrics' sink; children inherit it).
   options.root.comm.sink = std::move(sink);
@@ -516,6 +517,11 @@ Registration reg(kOrderWorld, [](py::module_& m) {
       .def_property_readonly(
           "size", [](const PyWorld& w) { return w.With([](World& x) { return x.size(); }); })
       .def_property_readonly(
+          "is_spare",
+          [](const PyWorld& w) { return w.With([](World& x) { return x.is_spare(); }); })
+      .def_property_readonly(
+          "spares", [](const PyWorld& w) { return w.With([](World& x) { return x.spares(); }); })
+      .def_property_readonly(
           "generation",
           [](const PyWorld& w) { return w.With([](World& x) { return x.generation(); }); })
       .def_property_readonly("mesh", &PyWorld::mesh)
@@ -588,7 +594,7 @@ Registration reg(kOrderWorld, [](py::module_& m) {
         py::arg("group_timeout") = py::none(), py::arg("env") = py::none(),
         py::arg("store") = py::none(), py::arg("trace") = py::none(),
         py::arg("trace_dir") = py::none(), py::arg("trace_buffer") = py::none(),
-        py::arg("sink") = py::none());
+        py::arg("sink") = py::none(), py::arg("spares") = 0);
   m.def("_all_group_names", &World::AllGroupNames,
         "Every group name World.group accepts (canonical), 'world' first.");
   m.def(

@@ -149,9 +149,48 @@ class PyElastic {
         r = l.Recover();
       }
     }
-    ElasticLoop::Recovery rec = Unwrap(std::move(r), ErrorArea::kElastic);
-    return py::make_tuple(rec.outcome == ElasticLoop::Outcome::kContinue ? "continue" : "leave",
-                          rec.event.ToJson());
+    return Outcome(Unwrap(std::move(r), ErrorArea::kElastic));
+  }
+
+  // On a spare: waits until a recovery places it ("continue", the event),
+  // the job finishes ("finished", "") or it must leave ("leave", the
+  // event). The World's lock is held throughout: a spare's world has no
+  // group anyone could use meanwhile.
+  py::tuple StandBy() {
+    ElasticLoop& l = loop();
+    absl::StatusOr<ElasticLoop::Recovery> r;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::shared_mutex> lock(*ref_.mu);
+      if (!ref_.alive()) {
+        r = absl::FailedPreconditionError("the world was destroyed while it stood by");
+      } else {
+        r = l.StandBy();
+      }
+    }
+    return Outcome(Unwrap(std::move(r), ErrorArea::kElastic));
+  }
+
+  void Finish() {
+    ElasticLoop& l = loop();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = l.Finish();
+    }
+    ThrowIfError(s, ErrorArea::kElastic);
+  }
+
+  static py::tuple Outcome(const ElasticLoop::Recovery& rec) {
+    switch (rec.outcome) {
+      case ElasticLoop::Outcome::kContinue:
+        return py::make_tuple("continue", rec.event.ToJson());
+      case ElasticLoop::Outcome::kLeave:
+        return py::make_tuple("leave", rec.event.ToJson());
+      case ElasticLoop::Outcome::kFinished:
+        break;
+    }
+    return py::make_tuple("finished", "");
   }
 
   void RecordRestore(const std::string& restored_from) {
@@ -169,6 +208,7 @@ class PyElastic {
     py::dict d;
     d["epoch"] = m.epoch;
     d["members"] = m.members;
+    d["spares"] = m.spares();
     d["mesh"] = MeshDict(m.mesh);
     d["describe"] = elastic::DescribeMesh(m.mesh);
     return d;
@@ -192,6 +232,8 @@ Registration reg(kOrderElastic, [](py::module_& m) {
       .def("request_change", &PyElastic::RequestChange, py::arg("evict"), py::arg("why"),
            py::arg("abort") = true)
       .def("recover", &PyElastic::Recover)
+      .def("stand_by", &PyElastic::StandBy)
+      .def("finish", &PyElastic::Finish)
       .def("record_restore", &PyElastic::RecordRestore, py::arg("restored_from"))
       .def("events", &PyElastic::Events)
       .def("stop", &PyElastic::Stop);

@@ -81,6 +81,7 @@ from ._dp_reducer import (
     UnusedParametersError,
     check_same_parameters,
 )
+from ._dp_layout import Layout
 from .errors import InvalidArgument
 
 __all__ = [
@@ -166,6 +167,24 @@ def resolve_groups(world, axes, who):
                           f"{type(world).__module__}.{type(world).__qualname__}")
 
 
+# Set by strata.elastic while a hot spare builds its model for the place it
+# was given: the layers are made without their collectives (the check of the
+# parameters and the broadcast of dp rank 0's), since the members of its dp
+# group are not constructing anything; the spare then receives the state and
+# the bucket layout of its position from a member (_adopt_layout).
+_deferred_sync = [False]
+
+
+@contextlib.contextmanager
+def deferred_sync():
+    before = _deferred_sync[0]
+    _deferred_sync[0] = True
+    try:
+        yield
+    finally:
+        _deferred_sync[0] = before
+
+
 def _broadcast_state(module, group, timeout):
     """Parameters and buffers of dp rank 0, one broadcast per dtype."""
     tensors = [p.data for p in module.parameters()] + list(module.buffers())
@@ -210,9 +229,10 @@ class DataParallel(torch.nn.Module):
             raise InvalidArgument(f"DataParallel: parameters {owned[:4]} already belong to "
                                   "another DataParallel (wrap each module once)")
         reducer = Reducer(named, group, opts, tp, hooks=True)
-        check_same_parameters(reducer.entries, group, opts.timeout)
-        if opts.broadcast_parameters and group.size > 1:
-            _broadcast_state(module, group, opts.timeout)
+        if not _deferred_sync[0]:
+            check_same_parameters(reducer.entries, group, opts.timeout)
+            if opts.broadcast_parameters and group.size > 1:
+                _broadcast_state(module, group, opts.timeout)
         self._reducer = reducer
         for _, p in named:
             p._strata_reducer = weakref.ref(reducer)
@@ -270,6 +290,20 @@ class DataParallel(torch.nn.Module):
         moves = opt._layout_changed if opt is not None else (lambda *a: None)
         r.zero_grad()
         r.relayout_for(group, keep_state, moves)
+
+    def _layout_state(self):
+        """(the bucket order, whether the first backward decided it): what a
+        spare placed in this layer's group adopts (_adopt_layout)."""
+        r = self._reducer
+        return list(r.layout.order), bool(r.final)
+
+    def _adopt_layout(self, state):
+        """Takes a member's bucket order (from _layout_state), as if this
+        rank had run the same first backward; no collective."""
+        order, final = state
+        r = self._reducer
+        r.set_layout(Layout(r.entries, list(order), r.opts.bucket_bytes, r.layout.pad))
+        r.final = final
 
     # ---- inspection ----------------------------------------------------------
     @property

@@ -401,9 +401,11 @@ class StepContext:
 class Result:
     """What :func:`run` returns: ``steps`` (the committed step count),
     ``events`` (one dict per recovery, as printed), ``left`` (this rank's
-    replica was dropped and ``leave="return"``), ``epoch``."""
+    replica was dropped and ``leave="return"``), ``epoch``, ``stood_by``
+    (a spare that the job never needed: it trained nothing)."""
 
     steps: int
     events: list
     left: bool = False
     epoch: int = 1
+    stood_by: bool = False

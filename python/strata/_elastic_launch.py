@@ -176,9 +176,10 @@ def shutdown(world, result=None, code=0):
         backend = world.group().backend
     except Exception:  # noqa: BLE001: a destroyed world
         pass
+    spare = getattr(world, "is_spare", False)  # a spare has no group to ask
     world.destroy()
     lost = result is None or bool(getattr(result, "events", None))
-    if backend == "mpi" and lost:
+    if (backend == "mpi" and lost) or spare:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

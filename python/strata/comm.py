@@ -450,7 +450,13 @@ class World:
         _live_worlds.add(self)
 
     rank = property(lambda self: self._raw.rank, doc="This rank in the job.")
-    size = property(lambda self: self._raw.size, doc="Number of ranks in the job.")
+    size = property(lambda self: self._raw.size,
+                    doc="Number of ranks in the job's mesh (spares not counted).")
+    is_spare = property(
+        lambda self: self._raw.is_spare,
+        doc="True on a hot spare standing by outside the mesh (strata.init(spares=)): it "
+        "has no group until strata.elastic gives it a failed rank's place.")
+    spares = property(lambda self: self._raw.spares, doc="How many hot spares stand by.")
     mesh = property(lambda self: self._raw.mesh, doc="The strata.Mesh of the groups.")
     generation = property(
         lambda self: self._raw.generation,
@@ -560,7 +566,8 @@ class World:
 
 
 def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_timeout=None,
-         group_timeout=None, trace=None, trace_dir=None, trace_buffer=None, metrics=None):
+         group_timeout=None, trace=None, trace_dir=None, trace_buffer=None, metrics=None,
+         spares=0):
     """Connects this rank to the job and builds every group of ``mesh``.
 
     ``mesh``: a :class:`strata.Mesh` for the job's world size, or None for
@@ -582,6 +589,11 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     (:meth:`World.dump_trace`, :meth:`World.request_trace_dump`).
     ``trace``: True or False; None follows $STRATA_TRACE (default on).
 
+    ``spares``: hot spares for :mod:`strata.elastic`: the job has the
+    mesh's ranks plus this many, the last ones, which stand by outside the
+    mesh (``world.is_spare``; they have no group) until a failed rank's
+    place is given to one (docs/elastic.md "Spares").
+
     ``metrics``: the :class:`strata.metrics.Metrics` every communicator of
     the world records its operations into (``world.metrics``); by default
     a new one, served and written as STRATA_METRICS_PORT and
@@ -599,12 +611,15 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     store_timeout = _seconds(store_timeout, "store_timeout")
     group_timeout = _seconds(group_timeout, "group_timeout")
     launch = _strata.launch_env(env)
+    if isinstance(spares, bool) or not isinstance(spares, int) or spares < 0:
+        raise InvalidArgument(f"spares must be an int >= 0, got {_describe(spares)}")
     if mesh is None:
-        mesh = _strata.Mesh(launch.world_size)
+        mesh = _strata.Mesh(launch.world_size - spares)
     elif not isinstance(mesh, _strata.Mesh):
         raise InvalidArgument(f"mesh must be a strata.Mesh, got {_describe(mesh)}")
-    if mesh.world_size != launch.world_size:
-        raise MeshError(f"the mesh is for {mesh.world_size} ranks but the job has "
+    if mesh.world_size + spares != launch.world_size:
+        with_spares = f" and {spares} spares" if spares else ""
+        raise MeshError(f"the mesh is for {mesh.world_size} ranks{with_spares} but the job has "
                         f"{launch.world_size} ({launch!r})")
     if store_timeout is None:
         store_timeout = 300.0 if timeout is None else timeout
@@ -633,7 +648,7 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
                               f"{_describe(metrics)}")
     sink = metrics._raw.sink() if metrics is not None else None
     world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store,
-                                      trace, trace_dir, trace_buffer, sink))
+                                      trace, trace_dir, trace_buffer, sink, spares))
     world._store = (store, keep)
     world.metrics = metrics
     world._own_metrics = own

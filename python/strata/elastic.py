@@ -124,7 +124,6 @@ class Controller:
                                   f"{type(options).__name__}")
         options._validate()
         self.world = world
-        self.state = state if state is not None else State()
         self.options = options
         self.on_world_changed = on_world_changed
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
@@ -132,22 +131,49 @@ class Controller:
                                           options._native())
         self._ctx = None
         self._closed = False
-        self._hooks = [o.register_step_pre_hook(self._pre_step) for o in self.state.optimizers]
+        self._hooks = []
         self._saver = None
         self._pending = None  # a recovery event printed once its step completes
         self._start = _now()
         self._last_rank0 = None
         self.events = []
-        self._replicas0 = self.world.group("dp").size
+        mesh = self._loop.membership["mesh"]
+        self._replicas0 = mesh["dp"] or mesh["world_size"] // (mesh["tp"] * mesh["cp"] * mesh["pp"])
         self._watch = None
         if options.straggler is not None:
             self._watch = _Watch(options.straggler, getattr(world, "metrics", None))
         self._planned = None  # a straggler eviction requested, until its recovery
         self._job_ranks = list(self._loop.membership["members"])
         warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
-        if warning and self.world.rank == 0:
+        if warning and self.world.rank == 0 and not world.is_spare:
             print(warning, file=sys.stderr, flush=True)
-        self.state.commit()
+        self.state = None
+        if not world.is_spare:  # a spare's State is made once it has a place
+            self.attach(state if state is not None else State())
+
+    def attach(self, state):
+        """Makes ``state`` the State this controller commits and restores
+        (done by the constructor on members; on a spare once it was placed,
+        :meth:`stand_by`)."""
+        if not isinstance(state, State):
+            raise InvalidArgument(f"state must be a strata.elastic.State, got "
+                                  f"{type(state).__name__}")
+        optim = sys.modules.get(__package__ + ".optim")
+        if self._loop.membership["spares"] or self.world.spares:
+            if self.options.restore == "checkpoint":
+                raise InvalidArgument(
+                    "strata.elastic spares take the state of their place from a member; "
+                    "restore='checkpoint' is not supported with spares (use 'auto' or 'memory')")
+            for o in state.optimizers:
+                if optim is not None and isinstance(o, optim.DistributedOptimizer):
+                    raise InvalidArgument(
+                        "strata.elastic spares and a strata.optim.DistributedOptimizer (ZeRO-1): "
+                        "a placed spare would need the optimizer shard its position lost; use "
+                        "spares=0 (a failure then reloads the checkpoint) or a replicated "
+                        "optimizer")
+        self.state = state
+        self._hooks = [o.register_step_pre_hook(self._pre_step) for o in state.optimizers]
+        state.commit()
 
     # -- state of the membership
     @property
@@ -243,9 +269,15 @@ class Controller:
             self._watch.record(ctx.step, ctx._commit_wait)
         now = _now()
         if self._pending is not None:
-            self._pending["first_step_s"] = round(now - self._pending["cause"]["failed_at"], 6)
+            pending = self._pending
+            pending["first_step_s"] = round(now - pending["cause"]["failed_at"], 6)
             if self.options.log and self.world.rank == 0:
-                _emit(self._pending)
+                if pending.get("replaced"):
+                    _emit({"event": "spare", "epoch": pending["epoch"],
+                           "placed": [{"failed": f, "spare": s} for f, s in pending["replaced"]],
+                           "spares_left": pending["spares"], "dp": ctx.replicas,
+                           "world": self.world.size, "first_step_s": pending["first_step_s"]})
+                _emit(pending)
             self._pending = None
         if self.options.log and self.world.rank == 0:
             _emit({"event": "step", "step": st.step, "loss": _scalar(loss),
@@ -317,17 +349,26 @@ class Controller:
             self._watch.reset()
         if kind == "leave":
             return self._leave(event)
-        lost = self._regroup_parts(event)
-        how = self.options.restore
-        if how == "memory" and lost:
-            raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State lost "
-                               "their state in the regroup and restore='memory'")
-        if how == "checkpoint" or lost:
-            self._load_checkpoint()
-            restored_from = "checkpoint"
-        else:
+        if event.get("replaced") and self.options.restore != "checkpoint":
+            # A spare was placed: the state of the last committed step goes
+            # to it first (restored here), then every layer moves to the
+            # new groups with it (the spare does the same, in this order).
             self.state.restore()
+            self._share_state(event)
+            self._regroup_parts(event)
             restored_from = "memory"
+        else:
+            lost = self._regroup_parts(event)
+            how = self.options.restore
+            if how == "memory" and lost:
+                raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State "
+                                   "lost their state in the regroup and restore='memory'")
+            if how == "checkpoint" or lost:
+                self._load_checkpoint()
+                restored_from = "checkpoint"
+            else:
+                self.state.restore()
+                restored_from = "memory"
         self._loop.record_restore(restored_from)
         labels = {k: event[k] for k in ("reason", "stragglers") if k in event}
         event = json.loads(self._loop.events()[-1])
@@ -338,6 +379,108 @@ class Controller:
         if self.on_world_changed is not None:
             self.on_world_changed(event, self.world)
         return event
+
+    def stand_by(self, build=None):
+        """On a spare (``world.is_spare``): waits, cheaply, until a failure
+        gives this rank a failed member's place, then makes its State
+        (``build(world)``, or the State given to the constructor), receives
+        the state of its position from its data-parallel group and returns
+        the recovery event; returns None when the job finished without
+        needing it. On a member: returns None at once."""
+        if not self.world.is_spare:
+            return None
+        kind, text = self._loop.stand_by()
+        if kind == "finished":
+            return None
+        event = json.loads(text)
+        if kind == "leave":
+            return self._leave(event)
+        from ._data_parallel import deferred_sync
+        with deferred_sync():  # its layers get their state from a member below
+            if build is not None:
+                self.attach(build(self.world))
+            elif self.state is None:
+                self.attach(State())
+        self._share_state(event)
+        self._regroup_parts(event)
+        self._loop.record_restore("replica")
+        event = json.loads(self._loop.events()[-1])
+        event["step"] = self.state.step
+        self.events.append(event)
+        self._pending = event
+        if self.on_world_changed is not None:
+            self.on_world_changed(event, self.world)
+        return event
+
+    def _share_state(self, event):
+        """After a regroup that placed spares: in every data-parallel group
+        that gained one, the group's first rank that was already a member
+        broadcasts its state (step, parameters and buffers, optimizer and
+        scheduler states, sampler, user values) and the placed ranks load
+        it. One broadcast of the state's size per such group; the other
+        groups do nothing."""
+        placed = {pair[1] for pair in event.get("replaced") or []}
+        if not placed:
+            return
+        import io
+        import torch
+        members = event["members"]
+        group = self.world.mesh.group_of(self.world.rank, "dp")
+        jobs = [members[r] for r in group]
+        if not any(j in placed for j in jobs):
+            return
+        source = next(i for i, j in enumerate(jobs) if j not in placed)
+        dp = self.world.group("dp")
+        st = self.state
+        mine = dp.rank == source
+        payload = b""
+        if mine:
+            buf = io.BytesIO()
+            torch.save({"step": st.step, "values": st._values,
+                        "layouts": [layer._layout_state() for layer in self._dp_layers()],
+                        "models": [m.state_dict() for m in st.models],
+                        "optimizers": [o.state_dict() for o in st.optimizers],
+                        "schedulers": [x.state_dict() for x in st.schedulers],
+                        "sampler": None if st.sampler is None else st.sampler.state_dict()}, buf)
+            payload = buf.getvalue()
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        dp.broadcast(size, source)
+        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if mine
+                else torch.empty(int(size[0]), dtype=torch.uint8))
+        dp.broadcast(data, source)
+        if members[self.world.rank] not in placed:
+            return
+        got = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+        st.step = int(got["step"])
+        st._values.update(got["values"])
+        for m, sd in zip(st.models, got["models"]):
+            m.load_state_dict(sd)
+        for o, sd in zip(st.optimizers, got["optimizers"]):
+            o.load_state_dict(sd)
+        for x, sd in zip(st.schedulers, got["schedulers"]):
+            x.load_state_dict(sd)
+        if st.sampler is not None and got["sampler"] is not None:
+            st.sampler.load_state_dict(got["sampler"])
+        layers = self._dp_layers()
+        if len(layers) != len(got["layouts"]):
+            raise ElasticError(
+                f"rank {self.world.rank}: the State built for its place holds {len(layers)} "
+                f"strata.nn.DataParallel layer(s), the member's {len(got['layouts'])}: build(world) "
+                "must make the same model on every rank")
+        for layer, layout in zip(layers, got["layouts"]):
+            layer._adopt_layout(layout)
+        st.commit()
+
+    def _dp_layers(self):
+        """The strata.nn.DataParallel layers of the State's models (or inside
+        them, as pipeline stages hold them), in module order."""
+        from ._data_parallel import DataParallel
+        layers = []
+        for m in self.state.models:
+            for sub in m.modules():
+                if isinstance(sub, DataParallel) and not any(sub is x for x in layers):
+                    layers.append(sub)
+        return layers
 
     def _regroup_parts(self, event):
         """Moves the State's layers onto the rebuilt world; returns the parts
@@ -350,17 +493,11 @@ class Controller:
         shards of the dropped replica's ranks with them. Other parts may
         implement ``_strata_elastic_regroup(world, event)`` and
         ``_strata_elastic_state_lost(event)``."""
-        from ._data_parallel import DataParallel
         # Not imported here when the script never did: a DistributedOptimizer
         # cannot exist then, and the import alone took 0.1-0.2 s of the
         # restore phase with 8 ranks on 2 cores.
         optim = sys.modules.get(__package__ + ".optim")
-        layers = []
-        for m in self.state.models:
-            for sub in m.modules():
-                if isinstance(sub, DataParallel) and not any(sub is x for x in layers):
-                    layers.append(sub)
-        for layer in layers:
+        for layer in self._dp_layers():
             layer.rebuild(self.world, keep_state=False)
         lost = [o for o in self.state.optimizers
                 if optim is not None and isinstance(o, optim.DistributedOptimizer)]
@@ -455,10 +592,30 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
     Collective: every rank calls it. Returns a :class:`Result`."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
         raise InvalidArgument(f"run: steps must be an int >= 0, got {steps!r}")
-    if not isinstance(state, State):
-        raise InvalidArgument(f"run: state must be a strata.elastic.State, got "
-                              f"{type(state).__name__}")
-    c = Controller(world, state, options, on_world_changed)
+    build = None
+    if callable(state) and not isinstance(state, State):
+        build, state = state, None
+    elif not isinstance(state, State):
+        raise InvalidArgument(f"run: state must be a strata.elastic.State or a function "
+                              f"world -> State, got {type(state).__name__}")
+    elif getattr(world, "is_spare", False):
+        raise InvalidArgument(
+            "run: this rank is a hot spare (strata.init(spares=)): its model is made once it "
+            "has a place in the mesh, so pass state as a function world -> State")
+    c = Controller(world, None if build is not None else state, options, on_world_changed)
+    if build is not None and not world.is_spare:
+        c.attach(build(world))
+    if world.is_spare:
+        try:
+            event = c.stand_by(build)
+        except BaseException:
+            c.close()
+            raise
+        if event is None:
+            epoch = c.epoch
+            c.close()
+            return Result(0, c.events, left=c.events != [], epoch=epoch, stood_by=not c.events)
+    state = c.state
     metrics = getattr(world, "metrics", None)  # strata.metrics: each step is marked here
     timeline = getattr(world, "timeline", None)  # strata.timeline: so is each step there
     try:
@@ -490,6 +647,7 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                     _record_recovery(metrics, event)
                 if timeline is not None:
                     timeline._recovery(event)
+        c._loop.finish()  # spares still standing by end
         return Result(state.step, c.events, left=False, epoch=c.epoch)
     finally:
         c.close()
