@@ -402,6 +402,8 @@ def main(argv=None):
         params = [p for p in model.parameters()]
         return state
 
+    if not world.is_spare:  # a spare builds once it has a place (elastic.run)
+        build(world)
     slow = [parse_slow(v, args.step_sleep) for v in args.slow]
     drop = None
     if args.drop:
@@ -483,8 +485,6 @@ def main(argv=None):
                                  f"then (--checkpoint-every {args.checkpoint_every})")
             options.checkpoint_options = {
                 "_test_hook": hold.checkpoint_hook(hold.step // args.checkpoint_every)}
-    if not world.is_spare:
-        build(world)
     if world.rank == 0 and not world.is_spare:
         n = sum(p.numel() for p in params)
         print(f"strata elastic example: {world.mesh!r}, {n:,} parameters on rank 0, "

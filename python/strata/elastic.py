@@ -389,6 +389,7 @@ class Controller:
         needing it. On a member: returns None at once."""
         if not self.world.is_spare:
             return None
+        _warm_up()
         kind, text = self._loop.stand_by()
         if kind == "finished":
             return None
@@ -551,6 +552,18 @@ class Controller:
         directory, self._store_dir = self._store_dir, None
         _release_store(self._store, directory, self.options.job, self._job_ranks,
                        membership["epoch"], rank, self.options.heartbeat_timeout)
+
+
+def _warm_up():
+    """What a spare does before it stands by, so that its placement does not
+    pay for it: torch's first optimizer imports torch._dynamo (about a
+    second of CPU), and autograd's first backward starts its engine."""
+    import torch
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=0.0, momentum=0.9)
+    torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    (p * p).sum().backward()
+    opt.step()
 
 
 def _scalar(loss):

@@ -202,6 +202,29 @@ def test_run_checks_its_arguments():
         world.destroy()
 
 
+def test_run_builds_the_state_from_a_function_and_spares_are_checked():
+    world = strata.init()
+    try:
+        made = []
+
+        def build(w):
+            model = torch.nn.Linear(2, 1)
+            made.append(w)
+            return elastic.State(model=model, optimizer=torch.optim.SGD(model.parameters(), 0.1))
+
+        result = elastic.run(lambda ctx: None, build, world, steps=2)
+        assert made == [world] and result.steps == 2 and not result.stood_by
+        assert world.spares == 0 and not world.is_spare
+    finally:
+        world.destroy()
+    for bad in (-1, True, 1.5):
+        with pytest.raises(strata.InvalidArgument, match="spares must be an int >= 0"):
+            strata.init(spares=bad)
+    with pytest.raises(strata.MeshError, match="the mesh is for 1 ranks and 1 spares but the "
+                       "job has 1"):
+        strata.init(strata.Mesh(1), spares=1)
+
+
 def test_plan_regroup_from_python():
     mesh = strata.Mesh(8, tp=2)
     plan = strata._strata._elastic_plan_regroup(mesh, [5])
