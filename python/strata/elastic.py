@@ -369,8 +369,14 @@ class Controller:
             else:
                 self.state.restore()
                 restored_from = "memory"
+        return self._restored(restored_from,
+                              {k: event[k] for k in ("reason", "stragglers") if k in event})
+
+    def _restored(self, restored_from, labels):
+        """Records the restore; the event (as recorded, with ``labels`` and
+        the step to run) is kept, printed at the next step and given to
+        on_world_changed."""
         self._loop.record_restore(restored_from)
-        labels = {k: event[k] for k in ("reason", "stragglers") if k in event}
         event = json.loads(self._loop.events()[-1])
         event.update(labels)
         event["step"] = self.state.step
@@ -404,14 +410,7 @@ class Controller:
                 self.attach(State())
         self._share_state(event)
         self._regroup_parts(event)
-        self._loop.record_restore("replica")
-        event = json.loads(self._loop.events()[-1])
-        event["step"] = self.state.step
-        self.events.append(event)
-        self._pending = event
-        if self.on_world_changed is not None:
-            self.on_world_changed(event, self.world)
-        return event
+        return self._restored("replica", {})
 
     def _share_state(self, event):
         """After a regroup that placed spares: in every data-parallel group
