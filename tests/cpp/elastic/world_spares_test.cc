@@ -12,11 +12,13 @@
 
 #include "comm/gloo/gloo_communicator.h"
 #include "strata/comm/store.h"
+#include "strata/elastic/elastic_loop.h"
 #include "strata/parallel/world.h"
 
 namespace strata {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::unique_ptr<Communicator> GlooRoot(const std::shared_ptr<Store>& store, int r, int n) {
@@ -111,6 +113,64 @@ TEST(WorldSparesTest, AJobThatIsNotTheMeshPlusTheSparesIsRefusedByName) {
   wo.spares = -1;
   world = World::FromRoot(GlooRoot(MakeMemoryStore(), 0, 1), Dp(1), wo);
   EXPECT_THAT(world.status().message(), HasSubstr("WorldOptions::spares is -1"));
+}
+
+// An eviction (the straggler policy's planned change) with a spare standing
+// by: dp3 on ranks 0-2, spare 3. Every member asks to evict rank 1 at the
+// same point; rank 1 leaves, spare 3 takes its mesh position (StandBy
+// returns placed, with the step the members were at), and the three train
+// on as dp3.
+TEST(WorldSparesTest, AnEvictedRanksPlaceGoesToASpare) {
+  constexpr int kRanks = 4;
+  auto store = MakeMemoryStore();
+  std::vector<elastic::ElasticLoop::Recovery> got(kRanks);
+  std::vector<double> sums(kRanks, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      WorldOptions wo;
+      wo.spares = 1;
+      absl::StatusOr<std::unique_ptr<World>> world =
+          World::FromRoot(GlooRoot(store, r, kRanks), Dp(3), wo);
+      ASSERT_TRUE(world.ok()) << world.status();
+      elastic::ElasticOptions o;
+      o.job = "evict-to-spare";
+      o.heartbeat_interval = absl::Milliseconds(50);
+      o.heartbeat_timeout = absl::Milliseconds(600);
+      o.probe_processes = false;
+      o.leave = elastic::LeavePolicy::kReturn;
+      auto loop = elastic::ElasticLoop::Create(**world, store, o);
+      ASSERT_TRUE(loop.ok()) << loop.status();
+      absl::StatusOr<elastic::ElasticLoop::Recovery> rec;
+      if ((*world)->is_spare()) {
+        rec = (*loop)->StandBy();
+      } else {
+        ASSERT_TRUE((*loop)->BeginStep(7).ok());
+        ASSERT_TRUE((*loop)->RequestChange({1}, "test: a straggler", false).ok());
+        rec = (*loop)->Recover();
+      }
+      ASSERT_TRUE(rec.ok()) << "rank " << r << ": " << rec.status();
+      got[r] = *rec;
+      if (rec->outcome != elastic::ElasticLoop::Outcome::kContinue) return;
+      absl::StatusOr<Communicator*> dp = (*world)->Group("dp");
+      ASSERT_TRUE(dp.ok()) << dp.status();
+      sums[r] = SumOver(**dp, 1);
+      EXPECT_TRUE((*loop)->Finish().ok());
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got[1].outcome, elastic::ElasticLoop::Outcome::kLeave);
+  for (int r : {0, 2, 3}) {
+    const elastic::RecoveryEvent& e = got[r].event;
+    EXPECT_EQ(got[r].outcome, elastic::ElasticLoop::Outcome::kContinue) << "rank " << r;
+    EXPECT_THAT(e.failed, ElementsAre(1));
+    EXPECT_THAT(e.replaced, ElementsAre(std::make_pair(1, 3)));
+    EXPECT_THAT(e.members, ElementsAre(0, 3, 2));
+    EXPECT_EQ(e.placed, r == 3) << "rank " << r;
+    EXPECT_EQ(e.step, 7) << "rank " << r << ": the placed spare learns the members' step";
+    EXPECT_EQ(e.mesh_after.world_size, 3);
+    EXPECT_EQ(sums[r], 3) << "rank " << r;
+  }
 }
 
 }  // namespace
