@@ -308,7 +308,19 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
   loop.reset();
   STRATA_ASSIGN_OR_RETURN(auto done, world->job().Barrier());
   STRATA_RETURN_IF_ERROR(done->Wait());
-  if (world->rank() == 0) std::filesystem::remove_all(dir, ec);
+  if (world->rank() == 0 && !world->is_spare()) std::filesystem::remove_all(dir, ec);
+  if (!result.events.empty()) {
+    // A rank was lost: Open MPI's MPI_Finalize (at exit) can then wait
+    // forever for it (docs/mpi.md). The verdict is in; end the process
+    // here, as strata.elastic.shutdown does.
+    world.reset();
+    if (!checked.ok()) {
+      std::fprintf(stderr, "[rank %d] elastic training: %s\n", env.rank,
+                   std::string(checked.message()).c_str());
+    }
+    std::fflush(nullptr);
+    std::_Exit(checked.ok() ? 0 : 1);
+  }
   return checked;
 }
 

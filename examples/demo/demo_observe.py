@@ -155,7 +155,7 @@ class Observe:
                                                       "as measured (dp 0, tp 0)")
 
 
-def record_recovery(recovery_seconds, detail, eviction=None):
+def record_recovery(recovery_seconds, detail, eviction=None, spares=None):
     """The recovery act's figures, added to the summary (recovery.py)."""
     try:
         with open(SUMMARY) as f:
@@ -166,6 +166,7 @@ def record_recovery(recovery_seconds, detail, eviction=None):
     summary["recovery"] = detail
     if eviction:
         summary["straggler_eviction"] = eviction
+    summary["spares_placed"] = spares or []
     os.makedirs(OUT, exist_ok=True)
     with open(SUMMARY, "w") as f:
         json.dump(summary, f, indent=1)
@@ -193,6 +194,11 @@ def print_summary():
         rows.append((f"straggler: rank {e['rank']} evicted", e["ratio"],
                      "{:.2f}x the others' P95, " + f"{e['evicted_at_step'] - e['first_step']} "
                      f"steps after it turned slow, regroup {e['regroup_s']:.3f} s"))
+    for sp in s.get("spares_placed") or []:
+        for p in sp["placed"]:
+            rows.append((f"spare: rank {p['spare']} took rank {p['failed']}'s place",
+                         sp["first_step_s"], "first step at dp" + str(sp["dp"]) + " {:.3f} s "
+                         "after the failure"))
     print("\n== summary " + "=" * 50, flush=True)
     for name, value, fmt in rows:
         shown = fmt.format(value) if value is not None else "(not run)"

@@ -2,21 +2,24 @@
 demo.py).
 
 This program is the watcher from outside: it launches strata's elastic
-example (examples/elastic/train.py, dp4 x tp2 on 8 CPU ranks) under the
-launcher's fault-tolerant line, shows rank 0's step lines, announces and
-sends a SIGKILL to one rank partway through training, then shows what the
-survivors did: how the failure was found, the failed set they agreed on, the
-new mesh, where the state came from, and the loss going on along the same
-curve; at the end the recovery figures, measured from the kill. Later in the
-same job one rank turns slow (the example's ``--slow``: it sleeps 3x as long
-as the others each step) and strata's straggler policy (the default
-strata.elastic.StragglerPolicy: compute time above 2x the P95 of the others'
-for 5 consecutive steps) evicts it with its replica, with the numbers it
-decided on.
+example (examples/elastic/train.py, dp3 x tp2 and 2 hot spares on 8 CPU
+ranks) under the launcher's fault-tolerant line, shows rank 0's step lines,
+announces and sends a SIGKILL to one rank partway through training, then
+shows what the survivors did: how the failure was found, the failed set
+they agreed on, the spare that took the killed rank's place (receiving its
+state from a member of its dp group, so dp stays 3), where the state came
+from, and the loss going on along the same curve; at the end the recovery
+figures, measured from the kill. Later in the same job one rank turns slow
+(the example's ``--slow``: it sleeps 3x as long as the others each step)
+and strata's straggler policy (the default strata.elastic.StragglerPolicy:
+compute time above 2x the P95 of the others' for 5 consecutive steps)
+evicts it, with the numbers it decided on; the second spare takes its
+place. With ``--spares 0`` (dp4 x tp2) the failed and the evicted rank's
+replicas are dropped instead.
 
     python3 examples/demo/recovery.py [--launcher mpirun|torchrun] [--np 8]
         [--mpirun PATH] [--steps 34] [--kill-step 12] [--victim 5]
-        [--straggler 3] [--slow-step 18]
+        [--straggler 3] [--slow-step 18] [--spares 2]
 
 Under mpirun the line has --with-ft ulfm (without it prterun ends the job
 when a process dies); under torchrun the example's strata.elastic.supervise()
@@ -85,12 +88,14 @@ def main(argv=None):
     ap.add_argument("--straggler", type=int, default=3,
                     help="the job rank made slow after the kill (-1: none)")
     ap.add_argument("--slow-step", type=int, default=18, help="the first step it is slow in")
+    ap.add_argument("--spares", type=int, default=2,
+                    help="hot spares: the last ranks stand by and take a lost rank's place")
     ap.add_argument("--lr", type=float, default=0.002, help="the example's --lr")
     ap.add_argument("--timeout", type=float, default=240, help="seconds for the whole act")
     args = ap.parse_args(argv)
-    if not 0 < args.victim < args.np:
-        raise SystemExit(f"demo: --victim {args.victim} must be in 1..{args.np - 1} (rank 0 prints "
-                         "what the demo shows)")
+    if not 0 < args.victim < args.np - args.spares:
+        raise SystemExit(f"demo: --victim {args.victim} must be in 1..{args.np - args.spares - 1} "
+                         "(a member other than rank 0, which prints what the demo shows)")
 
     pid_dir = tempfile.mkdtemp(prefix="strata-demo-pids-")
     # --lr: the example's loss sums the squared errors over its 64 outputs
@@ -101,14 +106,15 @@ def main(argv=None):
     timeline_dir = os.path.join(demo_observe.OUT, "recovery-timeline")
     shutil.rmtree(timeline_dir, ignore_errors=True)
     example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1",
-                    "--lr", str(args.lr), "--timeline", timeline_dir]
+                    "--lr", str(args.lr), "--timeline", timeline_dir, "--spares", str(args.spares)]
     if args.straggler >= 0:
         example_args += ["--straggler-policy", "evict",
                          "--slow", f"{args.straggler}:3:{args.slow_step}"]
     cmd = command(args.launcher, args.np, args.mpirun, example_args)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     print("\n== 7. In-process recovery: a rank is killed from outside while the model trains, "
-          "then a straggler is evicted\n"
+          f"then a straggler is evicted{' (2 hot spares take their places)' if args.spares else ''}"
+          "\n"
           f"$ {' '.join(os.path.relpath(c, ROOT) if c == EXAMPLE else c for c in cmd)}", flush=True)
     deadline = time.time() + args.timeout
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -116,7 +122,7 @@ def main(argv=None):
     timer.daemon = True
     timer.start()
     losses, t_kill, recovery, first_after, killed_at_step = [], None, None, None, None
-    eviction = None
+    eviction, spares = None, []
     try:
         for line in proc.stdout:
             try:
@@ -145,6 +151,12 @@ def main(argv=None):
             elif ev == "eviction":
                 eviction = rec
                 show_eviction(rec)
+            elif ev == "spare":
+                spares.append(rec)
+                for p in rec["placed"]:
+                    print(f"  spare     : rank {p['spare']} holds rank {p['failed']}'s place since "
+                          f"this step, dp {rec['dp']}; {rec['first_step_s']:.3f} s from the "
+                          f"failure to here; spares left {rec['spares_left']}", flush=True)
             elif ev == "recovery" and rec.get("reason") == "straggler":
                 show_recovery(rec, None)
                 eviction = dict(eviction or {}, evicted_at_step=rec.get("step"),
@@ -161,7 +173,10 @@ def main(argv=None):
     if args.straggler >= 0 and eviction is None:
         print("demo: the straggler was not evicted", file=sys.stderr, flush=True)
         rc = rc or 1
-    show_figures(recovery, t_kill, losses, killed_at_step, eviction)
+    if args.spares and len(spares) < 1:
+        print("demo: no spare took a lost rank's place", file=sys.stderr, flush=True)
+        rc = rc or 1
+    show_figures(recovery, t_kill, losses, killed_at_step, eviction, spares)
     return rc
 
 
@@ -179,8 +194,8 @@ def show_eviction(rec):
 def show_recovery(rec, t_kill):
     cause = rec.get("cause") or {}
     if rec.get("reason") == "straggler":
-        print(f"  regroup   : rank(s) {rec['failed']} evicted, {rec.get('leaving', [])} leave "
-              f"with their replica; {rec['mesh_before']['describe']} -> "
+        print(f"  regroup   : rank(s) {rec['failed']} evicted, {placed_text(rec)}; "
+              f"{rec['mesh_before']['describe']} -> "
               f"{rec['mesh_after']['describe']} in {rec['agree_s'] + rec['rebuild_s']:.3f} s, "
               f"restored from {rec.get('restored_from')}; step {rec.get('step')} runs on the "
               "new mesh\n", flush=True)
@@ -194,8 +209,7 @@ def show_recovery(rec, t_kill):
               f"through {how}; every survivor knew {rec['known_by_all_at'] - t_kill:.3f} s after "
               "the kill", flush=True)
     print(f"  agreement : failed set {rec['failed']}, epoch {rec['epoch_before']} -> {rec['epoch']} "
-          f"({rec['agree_s']:.3f} s); ranks {rec.get('leaving', [])} leave with their replica",
-          flush=True)
+          f"({rec['agree_s']:.3f} s); {placed_text(rec)}", flush=True)
     before = (rec.get("mesh_before") or {}).get("describe", "?")
     after = (rec.get("mesh_after") or {}).get("describe", "?")
     print(f"  new mesh  : {before}  ->  {after}  (shrink + rebuild {rec['rebuild_s']:.3f} s)",
@@ -204,7 +218,15 @@ def show_recovery(rec, t_kill):
           f"of step {rec.get('step')}; the failed step is run again\n", flush=True)
 
 
-def show_figures(rec, t_kill, losses, killed_at_step, eviction=None):
+def placed_text(rec):
+    """What the regroup did with the lost ranks' replicas."""
+    if rec.get("replaced"):
+        return ", ".join(f"spare {s} takes rank {f}'s place (its tp/pp position; the state comes "
+                         "from a member of its dp group)" for f, s in rec["replaced"])
+    return f"ranks {rec.get('leaving', [])} leave with their replica"
+
+
+def show_figures(rec, t_kill, losses, killed_at_step, eviction=None, spares=()):
     print("\nloss per step (the kill after step "
           f"{killed_at_step}; the curve goes on where it was):", flush=True)
     vals = [loss for _, loss, _ in losses if loss is not None]
@@ -238,7 +260,7 @@ def show_figures(rec, t_kill, losses, killed_at_step, eviction=None):
     if cause.get("failed_at"):
         demo_observe.record_recovery(t_step - t_kill, {
             k: rec.get(k) for k in ("detect_s", "agree_s", "rebuild_s", "restore_s", "failed",
-                                    "epoch")}, eviction)
+                                    "epoch", "replaced")}, eviction, list(spares))
     demo_observe.print_summary()
 
 

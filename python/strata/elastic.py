@@ -355,7 +355,7 @@ class Controller:
             # new groups with it (the spare does the same, in this order).
             self.state.restore()
             self._share_state(event)
-            self._regroup_parts(event)
+            self._spare_regroup(event)
             restored_from = "memory"
         else:
             lost = self._regroup_parts(event)
@@ -409,8 +409,19 @@ class Controller:
             elif self.state is None:
                 self.attach(State())
         self._share_state(event)
-        self._regroup_parts(event)
+        self._spare_regroup(event)
         return self._restored("replica", {})
+
+    def _spare_regroup(self, event):
+        """_regroup_parts after a spare was placed: a part that lost state
+        cannot be restored from the checkpoint then (the spare has none of
+        it), so that stops the job by name."""
+        lost = self._regroup_parts(event)
+        if lost:
+            raise ElasticError(
+                f"rank {self.world.rank}: {len(lost)} part(s) of the State lost their state in "
+                f"the regroup that placed spare(s) {[s for _, s in event['replaced']]}; spares "
+                "take the state of their place from a member, not from a checkpoint")
 
     def _share_state(self, event):
         """After a regroup that placed spares: in every data-parallel group
