@@ -45,16 +45,21 @@ double SumOver(Communicator& c, double x) {
   return x;
 }
 
+constexpr int kRanks = 4;
+
+// Rank `r` of a World of dp3 and one spare (rank 3).
+absl::StatusOr<std::unique_ptr<World>> Dp3AndASpare(const std::shared_ptr<Store>& store, int r) {
+  WorldOptions wo;
+  wo.spares = 1;
+  return World::FromRoot(GlooRoot(store, r, kRanks), Dp(3), wo);
+}
+
 TEST(WorldSparesTest, SparesAreInNoGroupUntilARebuildPlacesThem) {
-  constexpr int kRanks = 4;  // dp3 and one spare
   auto store = MakeMemoryStore();
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      WorldOptions wo;
-      wo.spares = 1;
-      absl::StatusOr<std::unique_ptr<World>> world =
-          World::FromRoot(GlooRoot(store, r, kRanks), Dp(3), wo);
+      absl::StatusOr<std::unique_ptr<World>> world = Dp3AndASpare(store, r);
       ASSERT_TRUE(world.ok()) << world.status();
       World& w = **world;
       EXPECT_EQ(w.spares(), 1);
@@ -121,17 +126,13 @@ TEST(WorldSparesTest, AJobThatIsNotTheMeshPlusTheSparesIsRefusedByName) {
 // returns placed, with the step the members were at), and the three train
 // on as dp3.
 TEST(WorldSparesTest, AnEvictedRanksPlaceGoesToASpare) {
-  constexpr int kRanks = 4;
   auto store = MakeMemoryStore();
   std::vector<elastic::ElasticLoop::Recovery> got(kRanks);
   std::vector<double> sums(kRanks, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
-      WorldOptions wo;
-      wo.spares = 1;
-      absl::StatusOr<std::unique_ptr<World>> world =
-          World::FromRoot(GlooRoot(store, r, kRanks), Dp(3), wo);
+      absl::StatusOr<std::unique_ptr<World>> world = Dp3AndASpare(store, r);
       ASSERT_TRUE(world.ok()) << world.status();
       elastic::ElasticOptions o;
       o.job = "evict-to-spare";
