@@ -414,6 +414,15 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   // MPI_Comm_create_from_group, the way for excluded ranks that stay alive,
   // was seen to hang in its activation under load).
   root_options.excluded_exit_wait = std::min(options_.rebuild_timeout / 2, absl::Seconds(10));
+  // A member lost since the decision (this epoch's alarm) makes this
+  // shrink wait for it: a shrink's waits end early only on an abort that
+  // comes while it runs, and this one came before (a rank slow to get here,
+  // under load, waited out the whole rebuild_timeout). Go on to the next
+  // attempt at once; the others' shrinks end with their abort.
+  if (monitor_->alarm().has_value()) {
+    return regroup_failed(absl::AbortedError("a member was lost before the shrink began"),
+                          "shrinking the root communicator");
+  }
   // The job communicator: the mesh and the spares (the root without spares).
   absl::StatusOr<std::unique_ptr<Communicator>> root = world_.job().Shrink(excluded, root_options);
   if (root.ok() && *root == nullptr) {
