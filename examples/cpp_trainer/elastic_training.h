@@ -308,7 +308,8 @@ inline absl::Status TrainElastic(const strata::LaunchEnv& env, const strata::Mes
   loop.reset();
   STRATA_ASSIGN_OR_RETURN(auto done, world->job().Barrier());
   STRATA_RETURN_IF_ERROR(done->Wait());
-  if (world->rank() == 0 && !world->is_spare()) std::filesystem::remove_all(dir, ec);
+  if (world->rank() == 0)
+    std::filesystem::remove_all(dir, ec);  // a spare's rank is >= the mesh's size
   if (!result.events.empty()) {
     // A rank was lost: Open MPI's MPI_Finalize (at exit) can then wait
     // forever for it (docs/mpi.md). The verdict is in; end the process

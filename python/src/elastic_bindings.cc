@@ -138,18 +138,7 @@ class PyElastic {
 
   // ("continue" | "leave", the event as JSON).
   py::tuple Recover() {
-    ElasticLoop& l = loop();
-    absl::StatusOr<ElasticLoop::Recovery> r;
-    {
-      py::gil_scoped_release release;
-      std::unique_lock<std::shared_mutex> lock(*ref_.mu);
-      if (!ref_.alive()) {
-        r = absl::FailedPreconditionError("the world was destroyed during the recovery");
-      } else {
-        r = l.Recover();
-      }
-    }
-    return Outcome(Unwrap(std::move(r), ErrorArea::kElastic));
+    return WithWorldLocked(&ElasticLoop::Recover, "the world was destroyed during the recovery");
   }
 
   // On a spare: waits until a recovery places it ("continue", the event),
@@ -157,16 +146,19 @@ class PyElastic {
   // event). The World's lock is held throughout: a spare's world has no
   // group anyone could use meanwhile.
   py::tuple StandBy() {
+    return WithWorldLocked(&ElasticLoop::StandBy, "the world was destroyed while it stood by");
+  }
+
+  // Runs `step` (Recover or StandBy, which rebuild the World) without the
+  // GIL and with the World's lock held exclusively; the outcome as a tuple.
+  py::tuple WithWorldLocked(absl::StatusOr<ElasticLoop::Recovery> (ElasticLoop::*step)(),
+                            const char* destroyed) {
     ElasticLoop& l = loop();
     absl::StatusOr<ElasticLoop::Recovery> r;
     {
       py::gil_scoped_release release;
       std::unique_lock<std::shared_mutex> lock(*ref_.mu);
-      if (!ref_.alive()) {
-        r = absl::FailedPreconditionError("the world was destroyed while it stood by");
-      } else {
-        r = l.StandBy();
-      }
+      r = ref_.alive() ? (l.*step)() : absl::FailedPreconditionError(destroyed);
     }
     return Outcome(Unwrap(std::move(r), ErrorArea::kElastic));
   }

@@ -144,6 +144,7 @@ class Controller:
             self._watch = _Watch(options.straggler, getattr(world, "metrics", None))
         self._planned = None  # a straggler eviction requested, until its recovery
         self._job_ranks = list(self._loop.membership["members"])
+        self._with_spares = self._loop.membership["spares"] > 0  # at the start of the job
         warning = _launcher_warning(_strata.launch_env(None).launcher, os.environ)
         if warning and self.world.rank == 0 and not world.is_spare:
             print(warning, file=sys.stderr, flush=True)
@@ -159,7 +160,7 @@ class Controller:
             raise InvalidArgument(f"state must be a strata.elastic.State, got "
                                   f"{type(state).__name__}")
         optim = sys.modules.get(__package__ + ".optim")
-        if self._loop.membership["spares"] or self.world.spares:
+        if self._with_spares:
             if self.options.restore == "checkpoint":
                 raise InvalidArgument(
                     "strata.elastic spares take the state of their place from a member; "
