@@ -57,15 +57,29 @@ its first file partly written, the other ranks waiting to agree on the
 write). A rank that was not killed writes hold.released and goes on.
 """
 
+import sys
+
 import strata.elastic as elastic
 
-elastic.supervise()  # before anything else: under torchrun, survive a killed rank
+
+def _restarts(argv):
+    """--restarts N, read before anything else (supervise forks first)."""
+    for i, a in enumerate(argv):
+        if a == "--restarts" and i + 1 < len(argv):
+            return int(argv[i + 1])
+        if a.startswith("--restarts="):
+            return int(a.split("=", 1)[1])
+    return 0
+
+
+# Before anything else: under torchrun, survive a killed rank, and start a
+# new process for it (up to --restarts times) that joins the running job.
+elastic.supervise(restarts=_restarts(sys.argv))
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -80,6 +94,10 @@ def parse(argv=None):
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (1F1B)")
     p.add_argument("--dp", type=int, default=0, help="data-parallel size (0: the rest)")
+    p.add_argument("--restarts", type=int, default=0,
+                   help="under torchrun: start a new process for a killed rank (or one whose "
+                   "replica was dropped) up to N times; it joins the running job as a spare, "
+                   "or completes a replica and dp grows back")
     p.add_argument("--spares", type=int, default=0,
                    help="hot spares: the last N ranks stand by and take a failed rank's place")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (with --experts)")
@@ -402,7 +420,10 @@ def main(argv=None):
         params = [p for p in model.parameters()]
         return state
 
-    if not world.is_spare:  # a spare builds once it has a place (elastic.run)
+    # A spare (or a process joining the running job) builds once it has a
+    # place (elastic.run).
+    deferred = world.joining or world.is_spare
+    if not deferred:
         build(world)
     slow = [parse_slow(v, args.step_sleep) for v in args.slow]
     drop = None
@@ -463,7 +484,11 @@ def main(argv=None):
         state.trained_samples.append([ctx.step, ctx.replica, ctx.replicas, ctx.samples[:4]])
         return global_loss
 
-    options = elastic.Options(restore=args.restore)
+    # What a process joining this job must match: the model's configuration.
+    config = json.dumps({k: getattr(args, k) for k in ("hidden", "layers", "tp", "pp", "ep",
+                                                       "experts", "samples", "lr")})
+    options = elastic.Options(restore=args.restore,
+                              config=hashlib.sha256(config.encode()).hexdigest()[:16])
     if args.straggler_policy != "off":
         options.straggler = elastic.StragglerPolicy(
             factor=args.straggler_factor, percentile=args.straggler_percentile,
@@ -485,12 +510,12 @@ def main(argv=None):
                                  f"then (--checkpoint-every {args.checkpoint_every})")
             options.checkpoint_options = {
                 "_test_hook": hold.checkpoint_hook(hold.step // args.checkpoint_every)}
-    if world.rank == 0 and not world.is_spare:
+    if not deferred and world.rank == 0:
         n = sum(p.numel() for p in params)
         print(f"strata elastic example: {world.mesh!r}, {n:,} parameters on rank 0, "
               f"{args.steps} steps of {args.batch} samples", file=sys.stderr, flush=True)
     timeline = strata.timeline.Timeline(args.timeline, world=world) if args.timeline else None
-    result = elastic.run(train_step, build if args.spares else state, world, options,
+    result = elastic.run(train_step, build if deferred or args.spares else state, world, options,
                          steps=args.steps, on_world_changed=on_world_changed)
     if timeline is not None:
         timeline.close()

@@ -19,7 +19,9 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
+#include <string>
 
 #include "strata/parallel/group_handle.h"
 #include "strata/parallel/world.h"
@@ -66,5 +68,13 @@ struct WorldRef {
 // Raises strata.InvalidArgument for an object that is no strata.World and
 // strata.CommError for a destroyed one.
 WorldRef WorldRefOf(pybind11::handle world);
+
+// The WorldOptions of strata.init's arguments (besides backend, store and
+// spares), and a strata._World that owns `world` (the elastic joiner's).
+WorldOptions InitWorldOptions(std::optional<double> timeout, std::optional<double> group_timeout,
+                              std::optional<bool> trace, std::optional<std::string> trace_dir,
+                              std::optional<size_t> trace_buffer,
+                              std::shared_ptr<observe::OpSink> sink);
+pybind11::object WrapWorld(std::unique_ptr<World> world);
 
 }  // namespace strata::bindings

@@ -308,6 +308,30 @@ class PyWorld {
   std::shared_ptr<Owner> owner_;
 };
 
+}  // namespace
+
+WorldOptions InitWorldOptions(std::optional<double> timeout, std::optional<double> group_timeout,
+                              std::optional<bool> trace, std::optional<std::string> trace_dir,
+                              std::optional<size_t> trace_buffer,
+                              std::shared_ptr<observe::OpSink> sink) {
+  WorldOptions options;
+  if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
+  if (group_timeout) options.group_creation_timeout = absl::Seconds(*group_timeout);
+  options.trace.enabled = trace;
+  if (trace_dir) options.trace.dir = *trace_dir;
+  if (trace_buffer) options.trace.capacity = *trace_buffer;
+  // Where every communicator of the world records its operations (the
+  // metrics' sink; children inherit it).
+  options.root.comm.sink = std::move(sink);
+  return options;
+}
+
+py::object WrapWorld(std::unique_ptr<World> world) {
+  return py::cast(std::make_unique<PyWorld>(std::move(world)));
+}
+
+namespace {
+
 std::unique_ptr<PyWorld> InitWorld(
     const Mesh& mesh, const std::string& backend, std::optional<double> timeout,
     std::optional<double> group_timeout, std::optional<std::map<std::string, std::string>> env,
@@ -315,18 +339,11 @@ std::unique_ptr<PyWorld> InitWorld(
     std::optional<size_t> trace_buffer, std::shared_ptr<observe::OpSink> sink, int spares) {
   LaunchEnv launch =
       Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
-  WorldOptions options;
+  WorldOptions options =
+      InitWorldOptions(timeout, group_timeout, trace, trace_dir, trace_buffer, std::move(sink));
   options.root.backend = backend;
-  if (timeout) options.root.comm.timeout = absl::Seconds(*timeout);
-  if (group_timeout) options.group_creation_timeout = absl::Seconds(*group_timeout);
   if (store) options.root.store = store->store;
-  options.trace.enabled = trace;
-  if (trace_dir) options.trace.dir = *trace_dir;
-  if (trace_buffer) options.trace.capacity = *trace_buffer;
   options.spares = spares;
-  // Where every communicator of the world records its operations (the
-  // metrics' sink; children inherit it).
-  options.root.comm.sink = std::move(sink);
   absl::StatusOr<std::unique_ptr<World>> world;
   {
     py::gil_scoped_release release;

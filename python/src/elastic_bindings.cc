@@ -9,6 +9,7 @@
 // monitor's abort of the World goes around the lock (WorldRef::abort_all).
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -52,6 +53,9 @@ ElasticOptions OptionsFrom(const py::dict& d) {
   if (d.contains("max_leader_takeovers"))
     o.max_leader_takeovers = d["max_leader_takeovers"].cast<int>();
   if (d.contains("max_attempts")) o.max_attempts = d["max_attempts"].cast<int>();
+  if (d.contains("config") && !d["config"].is_none()) o.config = d["config"].cast<std::string>();
+  if (d.contains("grow")) o.grow = d["grow"].cast<bool>();
+  o.join_timeout = Seconds(d, "join_timeout", o.join_timeout);
   // Python's run() decides what a leaving rank does; the loop returns.
   o.leave = elastic::LeavePolicy::kReturn;
   return o;
@@ -91,6 +95,12 @@ class PyElastic {
       }
     }
     loop_ = Unwrap(std::move(loop), ErrorArea::kElastic);
+  }
+
+  // A joiner's loop, over `world` (the strata._World Join made).
+  PyElastic(py::handle world, std::unique_ptr<ElasticLoop> loop)
+      : ref_(WorldRefOf(world)), loop_(std::move(loop)) {
+    loop_->SetAbortAll(ref_.abort_all);  // the World is the strata._World's now
   }
 
   ~PyElastic() { Stop(); }
@@ -163,6 +173,18 @@ class PyElastic {
     return Outcome(Unwrap(std::move(r), ErrorArea::kElastic));
   }
 
+  bool JoinersWaiting() { return loop().joiners_waiting(); }
+
+  void Admit(int64_t next_step) {
+    ElasticLoop& l = loop();
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = l.Admit(next_step);
+    }
+    ThrowIfError(s, ErrorArea::kElastic);
+  }
+
   void Finish() {
     ElasticLoop& l = loop();
     absl::Status s;
@@ -201,6 +223,8 @@ class PyElastic {
     d["epoch"] = m.epoch;
     d["members"] = m.members;
     d["spares"] = m.spares();
+    d["full_dp"] = m.full_dp;
+    d["joins_seen"] = m.joins_seen;
     d["mesh"] = MeshDict(m.mesh);
     d["describe"] = elastic::DescribeMesh(m.mesh);
     return d;
@@ -210,6 +234,33 @@ class PyElastic {
   WorldRef ref_;
   std::unique_ptr<ElasticLoop> loop_;
 };
+
+// strata.elastic's joiner (STRATA_ELASTIC_JOIN): asks the job to admit this
+// process and builds its World once admitted; (the loop, the strata._World).
+py::tuple JoinElastic(std::optional<PyStore> store, std::optional<PyStore> monitor_store,
+                      const py::dict& options, std::optional<double> timeout,
+                      std::optional<double> group_timeout,
+                      std::optional<std::map<std::string, std::string>> env,
+                      std::optional<bool> trace, std::optional<std::string> trace_dir,
+                      std::optional<size_t> trace_buffer, std::shared_ptr<observe::OpSink> sink) {
+  elastic::JoinOptions join;
+  join.world =
+      InitWorldOptions(timeout, group_timeout, trace, trace_dir, trace_buffer, std::move(sink));
+  join.env = Unwrap(env ? LaunchEnv::Detect(*env) : LaunchEnv::Detect(), ErrorArea::kLaunch);
+  elastic::ElasticHooks hooks;
+  if (monitor_store) hooks.monitor_store = monitor_store->store;
+  const ElasticOptions o = OptionsFrom(options);  // with the GIL
+  std::shared_ptr<Store> s = store ? store->store : nullptr;
+  absl::StatusOr<elastic::Joined> joined;
+  {
+    py::gil_scoped_release release;
+    joined = ElasticLoop::Join(std::move(s), o, std::move(join), std::move(hooks));
+  }
+  elastic::Joined j = Unwrap(std::move(joined), ErrorArea::kElastic);
+  py::object world = WrapWorld(std::move(j.world));
+  auto loop = std::make_unique<PyElastic>(world, std::move(j.loop));
+  return py::make_tuple(py::cast(std::move(loop)), world);
+}
 
 Registration reg(kOrderElastic, [](py::module_& m) {
   py::class_<PyElastic>(m, "_ElasticLoop")
@@ -226,9 +277,16 @@ Registration reg(kOrderElastic, [](py::module_& m) {
       .def("recover", &PyElastic::Recover)
       .def("stand_by", &PyElastic::StandBy)
       .def("finish", &PyElastic::Finish)
+      .def_property_readonly("joiners_waiting", &PyElastic::JoinersWaiting)
+      .def("admit", &PyElastic::Admit, py::arg("next_step"))
       .def("record_restore", &PyElastic::RecordRestore, py::arg("restored_from"))
       .def("events", &PyElastic::Events)
       .def("stop", &PyElastic::Stop);
+  m.def("_join_elastic", &JoinElastic, py::arg("store"), py::arg("monitor_store"),
+        py::arg("options"), py::arg("timeout") = py::none(), py::arg("group_timeout") = py::none(),
+        py::arg("env") = py::none(), py::arg("trace") = py::none(),
+        py::arg("trace_dir") = py::none(), py::arg("trace_buffer") = py::none(),
+        py::arg("sink") = py::none());
   m.def(
       "_elastic_plan_regroup",
       [](const Mesh& mesh, const std::vector<int>& failed) {

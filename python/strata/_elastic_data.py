@@ -49,6 +49,12 @@ class Options:
     rank is on this host. ``job``: names this job's keys in a shared store.
     ``straggler``: a :class:`StragglerPolicy` (None: no policy): ranks whose
     compute time stays well above the others' are evicted or reported.
+
+    Growing back: ``config`` is what a joining process must match (a digest
+    of the model's configuration, the code's version: a joiner with another
+    is refused, naming both); ``grow``: spares and joiners form new replicas
+    while dp is below the job's first dp (else they stand by);
+    ``join_timeout``: how long a joiner waits to be admitted.
     """
 
     heartbeat_interval: float = 0.1
@@ -71,10 +77,19 @@ class Options:
     store: object = None
     job: str = "default"
     straggler: object = None
+    config: str = ""
+    grow: bool = True
+    join_timeout: float = 300.0
 
     def _validate(self):
+        if not isinstance(self.config, str):
+            raise InvalidArgument(f"strata.elastic.Options.config must be a str, got "
+                                  f"{type(self.config).__name__}")
+        if not isinstance(self.grow, bool):
+            raise InvalidArgument(f"strata.elastic.Options.grow must be True or False, got "
+                                  f"{self.grow!r}")
         for name in ("heartbeat_interval", "heartbeat_timeout", "settle_timeout",
-                     "decision_timeout", "rebuild_timeout", "commit_timeout"):
+                     "decision_timeout", "rebuild_timeout", "commit_timeout", "join_timeout"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise InvalidArgument(f"strata.elastic.Options.{name} must be a positive number "
@@ -110,7 +125,7 @@ class Options:
     def _native(self):
         keys = ("heartbeat_interval", "heartbeat_timeout", "settle_timeout", "decision_timeout",
                 "max_leader_takeovers", "rebuild_timeout", "commit_timeout", "max_attempts",
-                "probe_processes", "fence_unresponsive", "job")
+                "probe_processes", "fence_unresponsive", "job", "config", "grow", "join_timeout")
         return {k: getattr(self, k) for k in keys}
 
 

@@ -190,53 +190,88 @@ def shutdown(world, result=None, code=0):
 # ---- launchers --------------------------------------------------------------------
 
 
-def supervise():
+# The status a supervised training process exits with when it left the job
+# (its replica was dropped): the supervisor may start a joiner in its place,
+# else it exits 0 (EX_TEMPFAIL).
+_LEFT = 75
+
+
+def _supervised():
+    return bool(_settings()["STRATA_ELASTIC_SUPERVISED"].value)
+
+
+def supervise(restarts=0):
     """Makes a rank's death survivable under torchrun: call it first thing in
     the script (before importing torch). Under torchrun the process forks;
     the child returns from this call and trains; the parent (the process
     torchrun watches) waits for it. When the child is killed by a signal
-    (SIGKILL, a crash), the parent prints why and exits with status 0, so
-    torchrun's agent does not stop every other worker (it does on a non-zero
-    exit); a child that exits returns its status through the parent.
-    Signals sent to the parent (torchrun stopping the job) are passed on to
-    the child. Does nothing outside torchrun or when already supervised."""
+    (SIGKILL, a crash), the parent starts a new child, up to ``restarts``
+    times, which joins the running job (STRATA_ELASTIC_JOIN: it stands by as
+    a spare, or completes a replica and dp grows back; docs/elastic.md
+    "Growing back"); with no restart left it prints why and exits with
+    status 0, so torchrun's agent does not stop every other worker (it does
+    on a non-zero exit). A child that exits returns its status through the
+    parent. Signals sent to the parent (torchrun stopping the job) are
+    passed on to the child. Does nothing outside torchrun or when already
+    supervised."""
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ElasticError(f"supervise: restarts must be an int >= 0, got {restarts!r}")
     env = os.environ
     if not env.get("TORCHELASTIC_RUN_ID") or _settings()["STRATA_ELASTIC_SUPERVISED"].value:
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        env["STRATA_ELASTIC_SUPERVISED"] = str(os.getppid())
-        _die_with_parent()
-        return
     forwarded = []
+    child = [0]
 
     def forward(signum, frame):
         forwarded.append(signum)
         try:
-            os.kill(pid, signum)
+            os.kill(child[0], signum)
         except ProcessLookupError:
             pass
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, forward)
+    started = 0
     while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            env["STRATA_ELASTIC_SUPERVISED"] = str(os.getppid())
+            _die_with_parent()
+            return
+        child[0] = pid
+        if started == 0:
+            for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                      signal.SIGUSR2):
+                signal.signal(s, forward)
+        started += 1
+        while True:
+            try:
+                _, status = os.waitpid(pid, 0)
+                break
+            except InterruptedError:
+                continue
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) != _LEFT:
+            os._exit(os.WEXITSTATUS(status))
+        if os.WIFEXITED(status):  # it left the job: its replica was dropped
+            what = "left the job (its replica was dropped)"
+        else:
+            sig = os.WTERMSIG(status)
+            if sig in forwarded:
+                os._exit(128 + sig)
+            what = f"was killed by {signal.Signals(sig).name}"
+        if started <= restarts:
+            print(f"strata.elastic.supervise: rank {env.get('RANK', '?')}'s training process "
+                  f"(pid {pid}) {what}; starting a new one that joins the running job (restart "
+                  f"{started} of {restarts})", file=sys.stderr, flush=True)
+            env["STRATA_ELASTIC_JOIN"] = "1"
             continue
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        if sig in forwarded:
-            os._exit(128 + sig)
+        if os.WIFEXITED(status):
+            os._exit(0)
         name = signal.Signals(sig).name
         print(f"strata.elastic.supervise: rank {env.get('RANK', '?')}'s training process (pid "
               f"{pid}) was killed by {name}; exiting with status 0 so that torchrun lets the "
               "other ranks go on without it", file=sys.stderr, flush=True)
         os._exit(0)
-    os._exit(os.WEXITSTATUS(status))
 
 
 def _die_with_parent():

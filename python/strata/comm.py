@@ -49,7 +49,7 @@ import weakref
 from . import _strata
 from ._settings import settings
 from .axes import group_name
-from .errors import InvalidArgument, MeshError
+from .errors import CommError, InvalidArgument, MeshError
 
 __all__ = ["init", "World", "Group", "Work", "ReduceOp"]
 
@@ -437,6 +437,24 @@ def _destroy_worlds_at_exit():
         w.destroy()
 
 
+class _Joining:
+    """The raw world of a process that joins a running job (STRATA_ELASTIC_JOIN)
+    until strata.elastic admits it: nothing but its state can be used."""
+
+    alive = False
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def destroy(self):
+        pass
+
+    def __getattr__(self, name):
+        raise CommError(f"World.{name}: this process joins a running job (STRATA_ELASTIC_JOIN): "
+                        "its world exists once strata.elastic.run() (or Controller) had it "
+                        "admitted")
+
+
 class World:
     """The root communicator and one communicator per mesh group of this
     rank. Made by :func:`strata.init`."""
@@ -457,6 +475,10 @@ class World:
         doc="True on a hot spare standing by outside the mesh (strata.init(spares=)): it "
         "has no group until strata.elastic gives it a failed rank's place.")
     spares = property(lambda self: self._raw.spares, doc="How many hot spares stand by.")
+    joining = property(
+        lambda self: isinstance(self._raw, _Joining),
+        doc="True in a process that joins a running job (STRATA_ELASTIC_JOIN) until "
+        "strata.elastic admitted it: it has no rank, group or mesh position before.")
     mesh = property(lambda self: self._raw.mesh, doc="The strata.Mesh of the groups.")
     generation = property(
         lambda self: self._raw.generation,
@@ -559,6 +581,8 @@ class World:
         return False
 
     def __repr__(self):
+        if isinstance(self._raw, _Joining):
+            return f"<strata.World (joining a running job), {self.mesh!r}>"
         if not self._raw.alive:
             return f"<strata.World (destroyed), {self.mesh!r}>"
         return (f"<strata.World rank {self.rank} of {self.size}, generation {self.generation}, "
@@ -617,7 +641,8 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         mesh = _strata.Mesh(launch.world_size - spares)
     elif not isinstance(mesh, _strata.Mesh):
         raise InvalidArgument(f"mesh must be a strata.Mesh, got {_describe(mesh)}")
-    if mesh.world_size + spares != launch.world_size:
+    joining = settings(env)["STRATA_ELASTIC_JOIN"].value.lower() in ("1", "true")
+    if mesh.world_size + spares != launch.world_size and not joining:
         with_spares = f" and {spares} spares" if spares else ""
         raise MeshError(f"the mesh is for {mesh.world_size} ranks{with_spares} but the job has "
                         f"{launch.world_size} ({launch!r})")
@@ -647,8 +672,17 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
         raise InvalidArgument(f"metrics must be a strata.metrics.Metrics, None or False, got "
                               f"{_describe(metrics)}")
     sink = metrics._raw.sink() if metrics is not None else None
-    world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store,
-                                      trace, trace_dir, trace_buffer, sink, spares))
+    if joining:
+        # Nothing collective here: strata.elastic asks the running job to
+        # admit this process and builds its world then (docs/elastic.md
+        # "Growing back").
+        world = World(_Joining(mesh))
+        world._join = {"timeout": timeout, "group_timeout": group_timeout, "env": env,
+                       "trace": trace, "trace_dir": trace_dir, "trace_buffer": trace_buffer,
+                       "sink": sink}
+    else:
+        world = World(_strata._init_world(mesh, backend, timeout, group_timeout, env, store,
+                                          trace, trace_dir, trace_buffer, sink, spares))
     world._store = (store, keep)
     world.metrics = metrics
     world._own_metrics = own

@@ -65,7 +65,8 @@ from . import _strata
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
-from ._elastic_launch import (_launcher_warning, _release_store, _store_for,  # noqa: F401
+from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _store_for,  # noqa: F401
+                              _supervised,
                               shutdown, supervise)
 
 __all__ = [
@@ -111,7 +112,7 @@ class Controller:
                 c.finish_step(ctx)                  # commits if the step did not
             except strata.CommError as e:
                 c.fail_step(ctx, e)                 # votes to abandon (if it did not commit)
-            if not ctx.committed:
+            if not ctx.committed or c.admitting:   # or joiners wait
                 event = elastic.recover(c)          # agree, regroup, restore; None: left
         c.close()
     """
@@ -127,8 +128,12 @@ class Controller:
         self.options = options
         self.on_world_changed = on_world_changed
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
-        self._loop = _strata._ElasticLoop(world, self._store, self._monitor_store,
-                                          options._native())
+        self._arrived = None  # a joiner placed in the mesh: its state comes first
+        if getattr(world, "_join", None) is not None:
+            self._loop = self._join(world)
+        else:
+            self._loop = _strata._ElasticLoop(world, self._store, self._monitor_store,
+                                              options._native())
         self._ctx = None
         self._closed = False
         self._hooks = []
@@ -138,7 +143,8 @@ class Controller:
         self._last_rank0 = None
         self.events = []
         mesh = self._loop.membership["mesh"]
-        self._replicas0 = mesh["dp"] or mesh["world_size"] // (mesh["tp"] * mesh["cp"] * mesh["pp"])
+        self._replicas0 = (self._loop.membership["full_dp"] or mesh["dp"]
+                           or mesh["world_size"] // (mesh["tp"] * mesh["cp"] * mesh["pp"]))
         self._watch = None
         if options.straggler is not None:
             self._watch = _Watch(options.straggler, getattr(world, "metrics", None))
@@ -149,8 +155,25 @@ class Controller:
         if warning and self.world.rank == 0 and not world.is_spare:
             print(warning, file=sys.stderr, flush=True)
         self.state = None
-        if not world.is_spare:  # a spare's State is made once it has a place
+        self._admitting = False  # joiners admitted after the last step: recover
+        # A spare's (or joiner's) State is made once it has a place.
+        if not world.is_spare and self._arrived is None:
             self.attach(state if state is not None else State())
+
+    def _join(self, world):
+        """A process that joins a running job (STRATA_ELASTIC_JOIN): warms up,
+        asks the job to admit it, and takes the World it is given (a spare's,
+        or a place in a new replica: then its state comes from its dp group
+        first, :meth:`stand_by`)."""
+        _warm_up()  # before asking: the members wait while a placed joiner builds
+        args, world._join = world._join, None
+        loop, raw = _strata._join_elastic(self._store, self._monitor_store,
+                                          self.options._native(), **args)
+        world._raw = raw
+        event = json.loads(loop.events()[-1])
+        if event["placed"]:
+            self._arrived = event
+        return loop
 
     def attach(self, state):
         """Makes ``state`` the State this controller commits and restores
@@ -273,6 +296,11 @@ class Controller:
             pending = self._pending
             pending["first_step_s"] = round(now - pending["cause"]["failed_at"], 6)
             if self.options.log and self.world.rank == 0:
+                if pending.get("joined"):
+                    _emit({"event": "join", "epoch": pending["epoch"],
+                           "joined": pending["joined"], "grown": pending.get("grown", []),
+                           "spares": pending["spares"], "dp": ctx.replicas,
+                           "world": self.world.size, "first_step_s": pending["first_step_s"]})
                 if pending.get("replaced"):
                     _emit({"event": "spare", "epoch": pending["epoch"],
                            "placed": [{"failed": f, "spare": s} for f, s in pending["replaced"]],
@@ -286,6 +314,18 @@ class Controller:
                    "time": round(now - self._start, 6)})
         if self.options.checkpoint_every and st.step % self.options.checkpoint_every == 0:
             self._save()
+        if self._loop.joiners_waiting:
+            # Every member learnt it with this step's commit: all admit the
+            # joiners here, between steps, and recover (run() does).
+            self._loop.admit(st.step)
+            self._admitting = True
+
+    @property
+    def admitting(self):
+        """True after a committed step that said processes wait to join: a
+        loop written by hand calls :func:`recover` then (as after a step that
+        did not commit)."""
+        return self._admitting
 
     # -- checkpoints
     def _checkpointer(self):
@@ -340,6 +380,7 @@ class Controller:
                 saver.close()
             except Exception:  # noqa: BLE001: the old world's save is abandoned
                 pass
+        self._admitting = False
         kind, text = self._loop.recover()
         event = json.loads(text)
         planned, self._planned = self._planned, None
@@ -350,10 +391,11 @@ class Controller:
             self._watch.reset()
         if kind == "leave":
             return self._leave(event)
-        if event.get("replaced") and self.options.restore != "checkpoint":
-            # A spare was placed: the state of the last committed step goes
-            # to it first (restored here), then every layer moves to the
-            # new groups with it (the spare does the same, in this order).
+        if (event.get("replaced") or event.get("grown")) and self.options.restore != "checkpoint":
+            # A spare was placed or a replica grew: the state of the last
+            # committed step goes to the newcomers first (restored here),
+            # then every layer moves to the new groups with them (they do
+            # the same, in this order).
             self.state.restore()
             self._share_state(event)
             self._spare_regroup(event)
@@ -394,15 +436,18 @@ class Controller:
         the state of its position from its data-parallel group and returns
         the recovery event; returns None when the job finished without
         needing it. On a member: returns None at once."""
-        if not self.world.is_spare:
+        if self._arrived is not None:  # a joiner placed at once
+            event, self._arrived = self._arrived, None
+        elif not self.world.is_spare:
             return None
-        _warm_up()
-        kind, text = self._loop.stand_by()
-        if kind == "finished":
-            return None
-        event = json.loads(text)
-        if kind == "leave":
-            return self._leave(event)
+        else:
+            _warm_up()
+            kind, text = self._loop.stand_by()
+            if kind == "finished":
+                return None
+            event = json.loads(text)
+            if kind == "leave":
+                return self._leave(event)
         from ._data_parallel import deferred_sync
         with deferred_sync():  # its layers get their state from a member below
             if build is not None:
@@ -421,8 +466,9 @@ class Controller:
         if lost:
             raise ElasticError(
                 f"rank {self.world.rank}: {len(lost)} part(s) of the State lost their state in "
-                f"the regroup that placed spare(s) {[s for _, s in event['replaced']]}; spares "
-                "take the state of their place from a member, not from a checkpoint")
+                f"the regroup that placed rank(s) "
+                f"{[s for _, s in event['replaced']] + event.get('grown', [])}; spares and "
+                "joiners take the state of their place from a member, not from a checkpoint")
 
     def _share_state(self, event):
         """After a regroup that placed spares: in every data-parallel group
@@ -431,7 +477,7 @@ class Controller:
         scheduler states, sampler, user values) and the placed ranks load
         it. One broadcast of the state's size per such group; the other
         groups do nothing."""
-        placed = {pair[1] for pair in event.get("replaced") or []}
+        placed = {pair[1] for pair in event.get("replaced") or []} | set(event.get("grown") or [])
         if not placed:
             return
         import io
@@ -540,8 +586,9 @@ class Controller:
             sys.stdout.flush()
             self.close()  # done with the store, as far as its directory goes
             # Not sys.exit: MPI's finalize would wait for the ranks that
-            # go on (and for the dead one).
-            os._exit(0)
+            # go on (and for the dead one). Under supervise() the status
+            # tells the supervisor, which may start a joiner in its place.
+            os._exit(_LEFT if _supervised() else 0)
         print(msg.replace("; exiting with status 0", ""), file=sys.stderr, flush=True)
         return None
 
@@ -622,14 +669,18 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
     elif not isinstance(state, State):
         raise InvalidArgument(f"run: state must be a strata.elastic.State or a function "
                               f"world -> State, got {type(state).__name__}")
+    elif getattr(world, "_join", None) is not None:
+        raise InvalidArgument(
+            "run: this process joins a running job (STRATA_ELASTIC_JOIN): its model is made "
+            "once it has a place, so pass state as a function world -> State")
     elif getattr(world, "is_spare", False):
         raise InvalidArgument(
             "run: this rank is a hot spare (strata.init(spares=)): its model is made once it "
             "has a place in the mesh, so pass state as a function world -> State")
     c = Controller(world, None if build is not None else state, options, on_world_changed)
-    if build is not None and not world.is_spare:
+    if build is not None and not world.is_spare and c._arrived is None:
         c.attach(build(world))
-    if world.is_spare:
+    if world.is_spare or c._arrived is not None:
         try:
             event = c.stand_by(build)
         except BaseException:
@@ -663,7 +714,7 @@ def run(train_step, state, world, options=None, *, steps, on_world_changed=None)
                     c.fail_step(ctx, e)
                 else:
                     c.finish_step(ctx, loss)
-            if not ctx.committed:
+            if not ctx.committed or c.admitting:
                 event = c.recover()
                 if event is None:
                     return Result(state.step, c.events, left=True, epoch=c.epoch)

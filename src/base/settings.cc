@@ -75,6 +75,13 @@ const Row kRows[] = {
       "again, does not fork once more. Set by hand, supervise() does nothing",
       "docs/elastic.md"},
      &Settings::elastic_supervised},
+    {{"STRATA_ELASTIC_JOIN", SettingType::kBool, "",
+      "This process joins a running elastic job instead of starting with it: strata.init() "
+      "makes no world, and strata.elastic.run() asks the members to admit it at their next step "
+      "boundary (as a spare, or completing a replica). Set by strata.elastic.supervise(restarts=) "
+      "in the process it starts after a rank died; set by hand to add a process to a job",
+      "docs/elastic.md"},
+     &Settings::elastic_join},
     {{"STRATA_TRACE", SettingType::kBool, "",
       "Whether a World keeps a flight recorder of its last operations (collectives and "
       "point-to-point) and dumps it when an operation fails, on SIGUSR1 or when asked; 0 "

@@ -62,24 +62,35 @@ absl::StatusOr<std::unique_ptr<ElasticLoop>> ElasticLoop::Create(World& world,
   }
   STRATA_RETURN_IF_ERROR(world.status());
   std::unique_ptr<ElasticLoop> loop(
-      new ElasticLoop(world, std::move(store), options, std::move(hooks)));
+      new ElasticLoop(&world, std::move(store), options, std::move(hooks), world.rank(),
+                      InitialMembership(world.mesh().spec(), world.spares())));
+  loop->root_members_ = loop->membership_.members;
   if (options.agreement == AgreementKind::kUlfm) {
     STRATA_ASSIGN_OR_RETURN(loop->agreement_,
                             MakeUlfmAgreement(loop->store_, options, loop->membership_));
   }
+  STRATA_RETURN_IF_ERROR(loop->WriteJobInfo());
   return loop;
 }
 
-ElasticLoop::ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
-                         ElasticHooks hooks)
+ElasticLoop::ElasticLoop(World* world, std::shared_ptr<Store> store, ElasticOptions options,
+                         ElasticHooks hooks, int rank, Membership membership)
     : world_(world),
       store_(std::move(store)),
       options_(std::move(options)),
       hooks_(std::move(hooks)),
-      rank_(world.rank()) {
-  if (!hooks_.abort_all) hooks_.abort_all = [w = &world_] { w->AbortAll(); };
-  membership_ = InitialMembership(world_.mesh().spec(), world_.spares());
-  root_members_ = membership_.members;
+      rank_(rank),
+      membership_(std::move(membership)) {
+  if (!hooks_.abort_all) {
+    hooks_.abort_all = [this] {
+      if (world_ != nullptr) world_->AbortAll();
+    };
+  }
+  if (!hooks_.connect) {
+    hooks_.connect = [this](std::shared_ptr<Store> rendezvous, int rank, int size) {
+      return ConnectJob(std::move(rendezvous), rank, size);
+    };
+  }
   agreement_ = MakeStoreAgreement(store_, options_);
   commit_ = MakeStoreStepCommit(store_, options_);
   (void)commit_->Start(membership_);
@@ -140,6 +151,19 @@ void ElasticLoop::RunAborter() {
 }
 
 bool ElasticLoop::alarmed() const { return monitor_->alarm().has_value(); }
+
+bool ElasticLoop::joiners_waiting() const { return commit_->joiners_waiting(); }
+
+absl::Status ElasticLoop::Admit(int64_t next_step) {
+  current_step_.store(next_step);
+  Detection d;
+  d.source = DetectionSource::kJoin;
+  d.reporter = rank_;
+  d.detail = "processes asked to join the job";
+  d.abort = false;  // every member is between steps
+  d.found_at = d.failed_at = absl::Now();
+  return monitor_->Raise(d).status();
+}
 
 absl::Status ElasticLoop::BeginStep(int64_t step) {
   current_step_.store(step);
@@ -310,6 +334,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     d.found_at = d.failed_at = absl::Now();
     (void)monitor_->Raise(d);
   }
+  if (attempt == 1) MeetBeforeJoin();
   hooks_.abort_all();
   if (absl::Status s = monitor_->store_status(); !s.ok()) {
     return StoreLost(rank_, membership_, *store_, s, "its heartbeat");
@@ -358,6 +383,8 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   const Membership next = decision.Next();
   event.members = next.members;
   event.replaced = decision.replaced;
+  event.joined = decision.joined;
+  event.grown = decision.grown;
   event.spares.assign(
       next.members.begin() + std::min<size_t>(next.members.size(), next.mesh.world_size),
       next.members.end());
@@ -423,8 +450,15 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     return regroup_failed(absl::AbortedError("a member was lost before the shrink began"),
                           "shrinking the root communicator");
   }
-  // The job communicator: the mesh and the spares (the root without spares).
-  absl::StatusOr<std::unique_ptr<Communicator>> root = world_.job().Shrink(excluded, root_options);
+  // The job communicator: the mesh and the spares (the root without
+  // spares). A shrink keeps only ranks it has; with joiners (or a joiner's
+  // first regroup failed) the job communicator is made afresh.
+  bool fresh = false;
+  for (int r : next.members) fresh = fresh || !Contains(root_members_, r);
+  absl::StatusOr<std::unique_ptr<Communicator>> root =
+      fresh ? hooks_.connect(RendezvousOf(next), next.RootRankOf(rank_),
+                             static_cast<int>(next.members.size()))
+            : world_->job().Shrink(excluded, root_options);
   if (root.ok() && *root == nullptr) {
     return absl::InternalError(absl::StrCat("rank ", rank_, " was excluded from its own shrink"));
   }
@@ -451,7 +485,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   for (int r : root_members_) {
     if (Contains(next.members, r)) kept.push_back(r);
   }
-  if (kept != next.members) {
+  if (!fresh && kept != next.members) {
     absl::StatusOr<std::unique_ptr<Communicator>> placed =
         job->Split(0, next.RootRankOf(rank_), root_options);
     if (!placed.ok()) {
@@ -460,13 +494,13 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     }
     job = *std::move(placed);
   }
-  absl::Status rebuilt = world_.Rebuild(std::move(job), *mesh);
+  absl::Status rebuilt = world_->Rebuild(std::move(job), *mesh);
   root_members_ = next.members;
   if (!rebuilt.ok()) return regroup_failed(rebuilt, "rebuilding the World");
   const absl::Time barrier_start = absl::Now();
   OpOptions barrier_options;
   barrier_options.timeout = options_.rebuild_timeout;
-  absl::StatusOr<std::unique_ptr<Work>> barrier = world_.job().Barrier(barrier_options);
+  absl::StatusOr<std::unique_ptr<Work>> barrier = world_->job().Barrier(barrier_options);
   absl::Status met = barrier.ok() ? (*barrier)->Wait() : barrier.status();
   if (!met.ok()) return regroup_failed(met, "the first barrier of the new world");
   {
@@ -474,13 +508,16 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     // does not know the step to redo: the members tell it (the largest
     // step any rank was at; spares were at none). Every rank decides alike
     // whether to (the decisions are the same everywhere).
-    bool placing = false;
-    for (const RecoveryEvent& d : decided) placing = placing || !d.replaced.empty();
+    // A fresh job communicator may hold joiners, who do the same.
+    bool placing = fresh;
+    for (const RecoveryEvent& d : decided) {
+      placing = placing || !d.replaced.empty() || !d.grown.empty();
+    }
     if (placing) {
       int64_t step = current_step_.load();
       absl::StatusOr<std::unique_ptr<Work>> told =
-          world_.job().AllReduce(ConstBuffer(&step, 1, DataType::kInt64), Buffer::Of(&step, 1),
-                                 ReduceOp::kMax, barrier_options);
+          world_->job().AllReduce(ConstBuffer(&step, 1, DataType::kInt64), Buffer::Of(&step, 1),
+                                  ReduceOp::kMax, barrier_options);
       absl::Status got = told.ok() ? (*told)->Wait() : told.status();
       if (!got.ok()) return regroup_failed(got, "telling the placed spares the step");
       current_step_.store(step);
@@ -582,6 +619,7 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
   }
   LoopResult result;
   int64_t step = first_step;
+  std::optional<Recovery> arrived;  // placed in the mesh: its state comes first
   if (membership_.IsSpare(rank_)) {
     STRATA_ASSIGN_OR_RETURN(Recovery r, StandBy());
     if (r.outcome != Outcome::kContinue) {
@@ -591,10 +629,18 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
       result.events = events();
       return result;
     }
+    arrived = std::move(r);
+  } else if (joined_placed_) {
+    joined_placed_ = false;
+    arrived = Recovery{Outcome::kContinue, events().back()};
+  }
+  if (arrived.has_value()) {
+    Recovery& r = *arrived;
     step = r.event.step;
     if (callbacks.restore) {
       STRATA_RETURN_IF_ERROR_CTX(callbacks.restore(r.event), "receiving the state of position ",
-                                 world_.rank(), " after epoch ", r.event.epoch_after, "'s regroup");
+                                 world_->rank(), " after epoch ", r.event.epoch_after,
+                                 "'s regroup");
     }
     RecordRestore(absl::Now(), r.event.restored_from);
     if (callbacks.on_world_changed) callbacks.on_world_changed(events().back());
@@ -602,7 +648,7 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
   while (step < end_step) {
     StepContext ctx;
     ctx.step = step;
-    ctx.world = &world_;
+    ctx.world = world_;
     ctx.membership = &membership_;
     absl::Status s = BeginStep(step);
     if (s.ok()) s = callbacks.step(ctx);
@@ -611,7 +657,8 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
     if (committed) {
       STRATA_RETURN_IF_ERROR_CTX(callbacks.apply(ctx), "applying step ", step);
       ++step;
-      continue;
+      if (!joiners_waiting()) continue;
+      STRATA_RETURN_IF_ERROR(Admit(step));  // every member, after the same step
     }
     STRATA_ASSIGN_OR_RETURN(Recovery r, Recover());
     if (r.outcome == Outcome::kLeave) {
@@ -622,8 +669,13 @@ absl::StatusOr<LoopResult> ElasticLoop::Run(const LoopCallbacks& callbacks, int6
     }
     r.event.step = step;
     if (callbacks.restore) {
-      STRATA_RETURN_IF_ERROR_CTX(callbacks.restore(r.event), "restoring the state after epoch ",
-                                 r.event.epoch_after, "'s regroup");
+      // A member lost while the state moves (a joiner that died while it
+      // received) fails the restore: that is the next epoch's failure, and
+      // the step (not begun) takes this rank into its recovery.
+      if (absl::Status restored = callbacks.restore(r.event); !restored.ok()) {
+        if (!alarmed()) ReportFailure(restored);
+        continue;
+      }
     }
     RecordRestore(absl::Now(), r.event.restored_from);
     if (callbacks.on_world_changed) {

@@ -38,6 +38,8 @@ const char* DetectionSourceName(DetectionSource source) {
       return "commit";
     case DetectionSource::kRequest:
       return "request";
+    case DetectionSource::kJoin:
+      return "join";
   }
   return "?";
 }
@@ -59,6 +61,8 @@ std::string RecoveryEvent::ToJson() const {
   j["members"] = members;
   j["replaced"] = replaced;
   j["spares"] = spares;
+  j["joined"] = joined;
+  j["grown"] = grown;
   j["leaves"] = leaves;
   j["placed"] = placed;
   j["cause"] = {{"source", DetectionSourceName(cause.source)},

@@ -57,7 +57,7 @@ absl::StatusOr<Detection> DecodeDetection(absl::string_view text) {
   Detection d;
   try {
     const int source = j.at("source").get<int>();
-    if (source < 0 || source > static_cast<int>(DetectionSource::kRequest)) {
+    if (source < 0 || source > static_cast<int>(DetectionSource::kJoin)) {
       return absl::InvalidArgumentError(absl::StrCat("bad alarm source ", source));
     }
     d.source = static_cast<DetectionSource>(source);

@@ -79,6 +79,8 @@ Membership InitialMembership(const MeshSpec& mesh, int spares) {
   m.members.resize(static_cast<size_t>(mesh.world_size + std::max(0, spares)));
   std::iota(m.members.begin(), m.members.end(), 0);
   m.mesh = mesh;
+  absl::StatusOr<Mesh> made = Mesh::Create(mesh);
+  m.full_dp = made.ok() ? made->spec().dp : 0;
   return m;
 }
 
@@ -254,6 +256,50 @@ absl::StatusOr<ChangePlan> PlanChange(const Membership& current, absl::Span<cons
   }
   for (size_t i = next_spare; i < spares.size(); ++i) plan.next.members.push_back(spares[i]);
   return plan;
+}
+
+absl::StatusOr<std::vector<int>> PlanGrow(Membership& next) {
+  std::vector<int> grown;
+  while (true) {
+    STRATA_ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create(next.mesh));
+    const MeshSpec& spec = mesh.spec();
+    if (spec.ep > 1 || spec.dp >= next.full_dp || spec.dp < 1) return grown;
+    const int replica = spec.world_size / spec.dp;
+    if (next.spares() < replica) return grown;
+    MeshSpec bigger = spec;
+    bigger.world_size = spec.world_size + replica;
+    bigger.dp = spec.dp + 1;
+    absl::StatusOr<Mesh> grew = Mesh::Create(bigger);
+    if (!grew.ok()) {
+      return strata::internal::Annotate(
+          grew.status(), absl::StrCat("growing the mesh ", DescribeMesh(spec), " by a replica"));
+    }
+    const size_t active = static_cast<size_t>(spec.world_size);
+    std::vector<int> spares(next.members.begin() + static_cast<std::ptrdiff_t>(active),
+                            next.members.end());
+    std::vector<int> members;
+    size_t used = 0;
+    for (int r = 0; r < bigger.world_size; ++r) {
+      absl::StatusOr<std::map<std::string, int>> coords = grew->Coords(r);
+      STRATA_CHECK(coords.ok(), "coordinates of a valid rank");
+      if (coords->at("dp") < spec.dp) {
+        std::map<std::string, int> dense;
+        for (const char* axis : {"tp", "cp", "dp", "pp"}) {
+          auto it = coords->find(axis);
+          if (it != coords->end()) dense[axis] = it->second;
+        }
+        absl::StatusOr<int> old = mesh.RankAt(dense);
+        STRATA_CHECK(old.ok(), "a member's position in the smaller mesh");
+        members.push_back(next.members[static_cast<size_t>(*old)]);
+      } else {
+        members.push_back(spares[used]);
+        grown.push_back(spares[used++]);
+      }
+    }
+    members.insert(members.end(), spares.begin() + static_cast<std::ptrdiff_t>(used), spares.end());
+    next.members = std::move(members);
+    next.mesh = grew->spec();
+  }
 }
 
 }  // namespace strata::elastic

@@ -42,7 +42,8 @@ absl::Status ElasticOptions::Validate() const {
         {"settle_timeout", settle_timeout},
         {"decision_timeout", decision_timeout},
         {"rebuild_timeout", rebuild_timeout},
-        {"commit_timeout", commit_timeout}}) {
+        {"commit_timeout", commit_timeout},
+        {"join_timeout", join_timeout}}) {
     if (absl::Status s = Positive(name, d); !s.ok()) return s;
   }
   if (heartbeat_timeout < 3 * heartbeat_interval) {

@@ -15,6 +15,7 @@ namespace {
 
 constexpr char kCommit[] = "commit";
 constexpr char kAbort[] = "abort";
+constexpr char kCommitJoin[] = "commit+join";
 
 class StoreStepCommit final : public StepCommit {
  public:
@@ -29,17 +30,21 @@ class StoreStepCommit final : public StepCommit {
     epoch_ = membership.epoch;
     size_ = static_cast<int64_t>(membership.mesh.world_size);  // spares do not vote
     voted_ = 0;
+    joins_seen_ = membership.joins_seen;
+    joiners_waiting_ = false;
     return absl::OkStatus();
   }
 
   absl::StatusOr<bool> Vote(int64_t step, bool ok) override {
     std::optional<internal::Keys> keys;
     int64_t target;
+    int64_t joins_seen;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!keys_.has_value()) return absl::FailedPreconditionError("StepCommit: Start() first");
       keys = keys_;
       target = size_ * ++voted_;
+      joins_seen = joins_seen_;
     }
     const absl::Time deadline = absl::Now() + options_.commit_timeout;
     const std::string key = keys->Step(step);
@@ -53,7 +58,11 @@ class StoreStepCommit final : public StepCommit {
     absl::StatusOr<int64_t> count = store_->Add(keys->Done(), 1, deadline);
     if (!count.ok()) return strata::internal::Annotate(count.status(), where);
     if (*count == target) {
-      absl::StatusOr<std::string> v = store_->CompareSet(key, "", kCommit, deadline);
+      // Joiners asked to come in since the last agreement answered.
+      absl::StatusOr<int64_t> joins = store_->Add(keys->Joins(), 0, deadline);
+      if (!joins.ok()) return strata::internal::Annotate(joins.status(), where);
+      absl::StatusOr<std::string> v =
+          store_->CompareSet(key, "", *joins > joins_seen ? kCommitJoin : kCommit, deadline);
       if (!v.ok()) return strata::internal::Annotate(v.status(), where);
     }
     absl::StatusOr<std::string> v = store_->Get(key, deadline);
@@ -64,7 +73,17 @@ class StoreStepCommit final : public StepCommit {
                        " for every rank's vote (key ", key, ", ", *count, " of ", target,
                        " votes when this rank voted)"));
     }
-    return *v == kCommit;
+    const bool joining = *v == kCommitJoin;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      joiners_waiting_ = joining;
+    }
+    return *v == kCommit || joining;
+  }
+
+  bool joiners_waiting() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return joiners_waiting_;
   }
 
   void Abort(uint64_t epoch, int64_t step) override {
@@ -81,8 +100,10 @@ class StoreStepCommit final : public StepCommit {
  private:
   const std::shared_ptr<Store> store_;
   const ElasticOptions options_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::optional<internal::Keys> keys_;
+  int64_t joins_seen_ = 0;
+  bool joiners_waiting_ = false;
   uint64_t epoch_ = 0;
   int64_t size_ = 0;
   int64_t voted_ = 0;

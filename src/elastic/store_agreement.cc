@@ -235,6 +235,7 @@ class StoreAgreement final : public Agreement {
         }
       }
     }
+    STRATA_RETURN_IF_ERROR(TakeJoins(current, keys, d));
     if (seen.size() * 2 <= n) {
       d.kind = Decision::Kind::kStop;
       d.stop_reason =
@@ -243,12 +244,15 @@ class StoreAgreement final : public Agreement {
                        "), not a majority: this partition stops rather than train on "
                        "beside another");
     } else {
-      d.Plan(current);
+      d.Plan(current, options_.grow);
     }
     d.decided_at = absl::Now();
-    absl::StatusOr<std::string> written = store_->CompareSet(
-        keys.Decision(), "", d.Encode(), absl::Now() + options_.decision_timeout);
+    const std::string encoded = d.Encode();
+    absl::StatusOr<std::string> written =
+        store_->CompareSet(keys.Decision(), "", encoded, absl::Now() + options_.decision_timeout);
     if (!written.ok()) return strata::internal::Annotate(written.status(), where);
+    // The joiners learn their answer from the leader whose decision stands.
+    if (*written == encoded) STRATA_RETURN_IF_ERROR(AnswerJoins(current, keys, d));
     // Fence: a member taken as failed whose process still exists on this
     // host (stopped, hung) is killed, so that it cannot resume on a stale
     // state and its launcher can finish. Not a rank a planned change
@@ -275,6 +279,68 @@ class StoreAgreement final : public Agreement {
     return absl::OkStatus();
   }
 
+  // The join requests not answered yet (numbers after current.joins_seen):
+  // each is admitted (d.joined) or refused (d.refused, with why).
+  absl::Status TakeJoins(const Membership& current, const Keys& keys, Decision& d) {
+    const absl::Time deadline = absl::Now() + options_.decision_timeout;
+    d.joins_seen = current.joins_seen;
+    absl::StatusOr<int64_t> count = store_->Add(keys.Joins(), 0, deadline);
+    if (!count.ok()) return count.status();
+    for (int64_t n = current.joins_seen + 1; n <= *count; ++n) {
+      // A joiner writes its request right after counting it.
+      absl::StatusOr<std::string> text =
+          store_->Get(keys.Join(n), absl::Now() + options_.settle_timeout);
+      nlohmann::json j =
+          text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json(nullptr);
+      if (!j.is_object() || !j.contains("rank") || !j.contains("config")) {
+        d.refused.emplace_back(n, text.ok() ? absl::StrCat("a bad request '", *text, "'")
+                                            : "its request was never written (the joiner died "
+                                              "while asking?)");
+        continue;
+      }
+      const std::string config = j["config"].get<std::string>();
+      if (config != options_.config) {
+        d.refused.emplace_back(
+            n, absl::StrCat("its config '", config, "' is not the job's '", options_.config, "'"));
+        continue;
+      }
+      if (j.contains("process")) {
+        absl::StatusOr<internal::ProcessId> p =
+            internal::ProcessId::Decode(j["process"].get<std::string>());
+        if (p.ok() && internal::Probe(*p) == internal::ProbeResult::kGone) {
+          d.refused.emplace_back(
+              n, absl::StrCat("its process (pid ", p->pid, " on ", p->host, ") is gone"));
+          continue;
+        }
+      }
+      d.joined.push_back(j["rank"].get<int>());
+    }
+    d.joins_seen = std::max(d.joins_seen, *count);
+    return absl::OkStatus();
+  }
+
+  absl::Status AnswerJoins(const Membership& current, const Keys& keys, const Decision& d) {
+    const absl::Time deadline = absl::Now() + options_.decision_timeout;
+    std::vector<std::pair<int64_t, std::string>> answers;
+    for (const auto& [n, why] : d.refused) {
+      answers.emplace_back(n, nlohmann::json({{"refused", why}}).dump());
+    }
+    for (int64_t n = current.joins_seen + 1; n <= d.joins_seen; ++n) {
+      bool refused = false;
+      for (const auto& r : d.refused) refused = refused || r.first == n;
+      if (refused) continue;
+      answers.emplace_back(
+          n,
+          d.kind == Decision::Kind::kStop
+              ? nlohmann::json({{"refused", absl::StrCat("the job stops: ", d.stop_reason)}}).dump()
+              : nlohmann::json({{"epoch", current.epoch}}).dump());
+    }
+    for (const auto& [n, answer] : answers) {
+      STRATA_RETURN_IF_ERROR(store_->Set(keys.JoinAnswer(n), answer, deadline));
+    }
+    return absl::OkStatus();
+  }
+
   const std::shared_ptr<Store> store_;
   const ElasticOptions options_;
 };
@@ -286,10 +352,14 @@ Membership Decision::Next() const {
   next.epoch = next_epoch;
   next.mesh = mesh;
   next.members = members;
+  next.full_dp = full_dp;
+  next.joins_seen = joins_seen;
   return next;
 }
 
-void Decision::Plan(const Membership& current) {
+void Decision::Plan(const Membership& current, bool grow) {
+  full_dp = current.full_dp;
+  joins_seen = std::max(joins_seen, current.joins_seen);
   absl::StatusOr<ChangePlan> plan = PlanChange(current, failed);
   if (!plan.ok()) {
     kind = Kind::kStop;
@@ -298,6 +368,17 @@ void Decision::Plan(const Membership& current) {
   }
   leaving = std::move(plan->leaving);
   replaced = std::move(plan->replaced);
+  plan->next.members.insert(plan->next.members.end(), joined.begin(), joined.end());
+  plan->next.full_dp = full_dp;
+  if (grow) {
+    absl::StatusOr<std::vector<int>> placed = PlanGrow(plan->next);
+    if (!placed.ok()) {
+      kind = Kind::kStop;
+      stop_reason = std::string(placed.status().message());
+      return;
+    }
+    grown = *std::move(placed);
+  }
   members = std::move(plan->next.members);
   mesh = plan->next.mesh;
 }
@@ -311,6 +392,11 @@ std::string Decision::Encode() const {
   j["failed_why"] = failed_why;
   j["leaving"] = leaving;
   j["replaced"] = replaced;
+  j["joined"] = joined;
+  j["grown"] = grown;
+  j["refused"] = refused;
+  j["full_dp"] = full_dp;
+  j["joins_seen"] = joins_seen;
   j["members"] = members;
   j["mesh"] = {{"world_size", mesh.world_size},
                {"tp", mesh.tp},
@@ -343,6 +429,11 @@ absl::StatusOr<Decision> Decision::Decode(absl::string_view text) {
     d.failed_why = j.at("failed_why").get<std::vector<std::string>>();
     d.leaving = j.at("leaving").get<std::vector<int>>();
     d.replaced = j.at("replaced").get<std::vector<std::pair<int, int>>>();
+    d.joined = j.at("joined").get<std::vector<int>>();
+    d.grown = j.at("grown").get<std::vector<int>>();
+    d.refused = j.at("refused").get<std::vector<std::pair<int64_t, std::string>>>();
+    d.full_dp = j.at("full_dp").get<int>();
+    d.joins_seen = j.at("joins_seen").get<int64_t>();
     d.members = j.at("members").get<std::vector<int>>();
     const nlohmann::json& m = j.at("mesh");
     d.mesh.world_size = m.at("world_size").get<int>();

@@ -118,6 +118,12 @@ absl::StatusOr<std::unique_ptr<World>> World::Create(const LaunchEnv& env, const
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> root,
                           CreateRootCommunicator(env, with_trace.root));
+  if (options.on_root) {
+    if (absl::Status s = options.on_root(*root); !s.ok()) {
+      (void)root->Abort();  // its peers may drop theirs
+      return s;
+    }
+  }
   WorldOptions rest = options;
   rest.trace.enabled = false;  // FromRoot must not look for a recorder again
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<World> world, FromRoot(std::move(root), mesh, rest));

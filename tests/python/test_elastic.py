@@ -78,6 +78,9 @@ def test_sampler_errors_name_the_value():
     ("max_attempts", -1, "max_attempts must be an int >= 0"),
     ("checkpoint_every", 5, "checkpoint_every is 5 but checkpoint_dir is not set"),
     ("checkpoint_options", ["keep_last", 3], "checkpoint_options must be a dict of"),
+    ("config", 3, "config must be a str, got int"),
+    ("grow", "yes", "grow must be True or False, got 'yes'"),
+    ("join_timeout", 0, "join_timeout must be a positive number"),
 ])
 def test_bad_options_are_named(field, value, message):
     o = elastic.Options()
@@ -272,12 +275,14 @@ def test_the_heartbeat_process_probe_tells_alive_stopped_and_gone():
 # ---- supervise() ----------------------------------------------------------------------------
 
 
-def _supervised(body, env_extra):
+def _supervised(body, env_extra, restarts=0):
     script = textwrap.dedent(f"""
         import os, signal, sys
         import strata.elastic as elastic
-        elastic.supervise()
-        print("child", os.getpid(), os.environ.get("STRATA_ELASTIC_SUPERVISED"), flush=True)
+        elastic.supervise(restarts={restarts})
+        joining = os.environ.get("STRATA_ELASTIC_JOIN")
+        print("child", os.getpid(), os.environ.get("STRATA_ELASTIC_SUPERVISED"), joining,
+              flush=True)
         {body}
     """)
     env = dict(os.environ, TORCHELASTIC_RUN_ID="test", RANK="3", **env_extra)
@@ -290,6 +295,60 @@ def test_supervise_turns_a_killed_rank_into_exit_0():
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("child ")
     assert "rank 3's training process" in p.stderr and "killed by SIGKILL" in p.stderr
+
+
+def test_supervise_restarts_a_killed_rank_as_a_joiner():
+    # The first child dies; the second (STRATA_ELASTIC_JOIN=1) exits 0.
+    p = _supervised("if not joining: os.kill(os.getpid(), signal.SIGKILL)", {}, restarts=1)
+    assert p.returncode == 0, p.stderr
+    children = [line.split() for line in p.stdout.splitlines() if line.startswith("child ")]
+    assert [c[3] for c in children] == ["None", "1"], p.stdout
+    assert "killed by SIGKILL; starting a new one that joins the running job (restart 1 of 1)" \
+        in p.stderr
+    # With the restarts used up, a second death ends the supervisor with 0.
+    p = _supervised("os.kill(os.getpid(), signal.SIGKILL)", {}, restarts=1)
+    assert p.returncode == 0 and p.stdout.count("child ") == 2, (p.stdout, p.stderr)
+    assert "exiting with status 0" in p.stderr
+
+
+def test_supervise_restarts_a_rank_that_left_and_checks_restarts():
+    p = _supervised("if not joining: os._exit(elastic._LEFT)", {}, restarts=1)
+    assert p.returncode == 0 and p.stdout.count("child ") == 2, (p.stdout, p.stderr)
+    assert "left the job (its replica was dropped); starting a new one" in p.stderr
+    p = _supervised("os._exit(elastic._LEFT)", {}, restarts=0)
+    assert p.returncode == 0 and p.stdout.count("child ") == 1, (p.stdout, p.stderr)
+    with pytest.raises(strata.ElasticError, match="restarts must be an int >= 0, got -1"):
+        elastic.supervise(restarts=-1)
+
+
+def test_a_joiner_with_another_config_is_refused_naming_both(tmp_path):
+    # A job of one rank (config "model-a") over a file store, and a process
+    # that joins it (STRATA_ELASTIC_JOIN) with config "model-b".
+    # An MPI job refuses any joiner, saying why.
+    from strata import store as _store
+
+    def options(job, config):
+        return elastic.Options(store=_store.file_store(str(tmp_path)), job=job, config=config,
+                               log=False)
+
+    joiner = strata.init(env=dict(os.environ, STRATA_ELASTIC_JOIN="1"))
+    assert joiner.joining and "joining a running job" in repr(joiner)
+    with pytest.raises(strata.CommError, match="exists once strata.elastic.run"):
+        joiner.rank
+    with pytest.raises(strata.InvalidArgument, match="joins a running job"):
+        elastic.run(lambda ctx: 0.0, elastic.State(), joiner, steps=1)
+    for backend, config, message in [
+            ("mpi", "model-a", "does not admit joiners: it runs on the mpi backend"),
+            ("gloo", "model-b", "config 'model-b' is not the job's 'model-a'")]:
+        world = strata.init(backend=backend)
+        member = elastic.Controller(world, elastic.State(), options(backend, "model-a"))
+        try:
+            joiner = strata.init(env=dict(os.environ, STRATA_ELASTIC_JOIN="1"))
+            with pytest.raises(strata.ElasticError, match=message):
+                elastic.Controller(joiner, None, options(backend, config))
+        finally:
+            member.close()
+            world.destroy()
 
 
 def test_supervise_passes_an_exit_status_through():

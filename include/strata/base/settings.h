@@ -100,6 +100,10 @@ struct STRATA_EXPORT Settings {
   // STRATA_ELASTIC_SUPERVISED: set by strata.elastic.supervise() in the
   // training process it forks (the supervisor's pid); "" elsewhere.
   std::string elastic_supervised;
+  // STRATA_ELASTIC_JOIN: this process joins a running job (strata.init
+  // does not bootstrap with the job's first ranks; strata.elastic asks the
+  // members to admit it). Set by supervise() when it restarts a rank.
+  bool elastic_join = false;
   // STRATA_TRACE: whether a World keeps a flight recorder of its
   // operations (strata/observe/flight_recorder.h) and dumps it on failures.
   bool trace = true;

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,7 +131,8 @@ enum class RootMemory : uint8_t { kAuto, kHost, kDevice };
 
 // Options of the root communicator.
 struct STRATA_EXPORT RootOptions {
-  static constexpr int kVersion = 2;
+  // Version 3 added `cancelled`.
+  static constexpr int kVersion = 3;
   int version = kVersion;
   // "auto" or a backend name from AvailableBackends().
   std::string backend = "auto";
@@ -147,6 +149,10 @@ struct STRATA_EXPORT RootOptions {
   MpiOptions mpi;
   GlooOptions gloo;
   NcclOptions nccl;
+  // Gloo: polled while the ranks meet through the store; true ends the
+  // creation with Cancelled (the elastic layer's fresh job communicator
+  // stops waiting for a joiner lost meanwhile). Null: never.
+  std::function<bool()> cancelled;
 };
 
 // The backends compiled into this build: "mpi" where Open MPI was found,

@@ -58,6 +58,16 @@ struct STRATA_EXPORT Decision {
   // (failed job rank, the spare that takes its mesh position) (membership.h
   // PlanChange).
   std::vector<std::pair<int, int>> replaced;
+  // Job ranks admitted by this decision (processes that asked to join: they
+  // stand by as spares unless placed), and the job ranks (joiners or
+  // spares) that form the new replicas when dp grows back (PlanGrow).
+  std::vector<int> joined;
+  std::vector<int> grown;
+  // Join requests refused: (request number, why).
+  std::vector<std::pair<int64_t, std::string>> refused;
+  // Carried into the next membership (membership.h).
+  int full_dp = 0;
+  int64_t joins_seen = 0;
   // The next epoch's members in root order, spares last, and mesh
   // (kContinue).
   std::vector<int> members;
@@ -73,8 +83,10 @@ struct STRATA_EXPORT Decision {
   // The next epoch's membership: `members` and `mesh` at `next_epoch`.
   Membership Next() const;
   // Fills leaving, replaced, members and mesh from PlanChange(current,
-  // failed), or makes the decision a stop naming why no mesh is left.
-  void Plan(const Membership& current);
+  // failed), then adds `joined` as spares and, with `grow`, grows dp back
+  // (PlanGrow: fills `grown`); or makes the decision a stop naming why no
+  // mesh is left.
+  void Plan(const Membership& current, bool grow = false);
   std::string Encode() const;
   static absl::StatusOr<Decision> Decode(absl::string_view text);
 };

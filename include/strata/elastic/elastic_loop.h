@@ -50,6 +50,14 @@
 // replica, and a rank that cannot reach the store (from Commit or Recover,
 // naming the store and the epoch's members: it cannot learn the decision).
 //
+// Growing back (Join): a process started later with the same job (and
+// ElasticOptions::config) asks to join through the store; the last voter
+// of the next step's commit sees the request, every member applies that
+// step and admits it (joiners_waiting, Admit, Recover), the agreement adds
+// it as a spare (or, while dp is below the job's first dp and spares
+// complete a replica, dp grows back: PlanGrow), and the regroup makes a
+// fresh job communicator through the store instead of a shrink.
+//
 // Thread-safety: one thread drives the loop (BeginStep, Commit, Recover,
 // Run); ReportFailure, RequestChange, alarmed() and events() may be called
 // from any thread. The World must outlive the loop; nobody else may rebuild
@@ -125,6 +133,35 @@ struct STRATA_EXPORT ElasticHooks {
   // thread's wait for a step commit or a decision holds this rank's
   // heartbeat back and the others take it as hung. Default (null): `store`.
   std::shared_ptr<Store> monitor_store;
+  // Makes a fresh job communicator of `size` ranks (this one `rank`)
+  // through `rendezvous`: the regroup that admits joiners (a shrink cannot
+  // add a process). Default: CreateRootCommunicator on the backend of the
+  // World's job communicator, recording into its sink.
+  std::function<absl::StatusOr<std::unique_ptr<Communicator>>(std::shared_ptr<Store> rendezvous,
+                                                              int rank, int size)>
+      connect;
+};
+
+// What a joining process needs besides the elastic options (Join).
+struct STRATA_EXPORT JoinOptions {
+  // The World it builds once admitted: operation timeouts, trace, backend
+  // settings, the sink. Join sets root.backend (the job's), root.store,
+  // spares and on_root.
+  WorldOptions world;
+  // This process's launch environment; Join replaces rank and world_size
+  // with the place it is given.
+  LaunchEnv env;
+};
+
+class ElasticLoop;
+
+// A process that joined a running job: its World (rank and mesh as the
+// admitting decision says: a spare, or a member of a new replica) and the
+// loop over it. Destroy the loop before the World (the declaration order).
+struct STRATA_EXPORT Joined {
+  std::unique_ptr<World> world;
+  std::unique_ptr<ElasticLoop> loop;
+  RecoveryEvent event;
 };
 
 class STRATA_EXPORT ElasticLoop {
@@ -139,6 +176,21 @@ class STRATA_EXPORT ElasticLoop {
   ~ElasticLoop();
   ElasticLoop(const ElasticLoop&) = delete;
   ElasticLoop& operator=(const ElasticLoop&) = delete;
+
+  // Joins the running job `options.job` (ElasticOptions::config must match
+  // the job's) from a process that was not part of it: a restarted rank or
+  // a new one. Asks through the store, waits (at most join_timeout) until
+  // the members admit it at a step boundary, takes part in their regroup
+  // (a fresh job communicator through the store: Gloo and NCCL jobs; an MPI
+  // job refuses) and returns the World and the loop. A joiner stands by as
+  // a spare (then StandBy, or Run) unless dp was below the job's first dp
+  // and it completed a replica: then event.placed, event.step is the step
+  // to run and its position's state comes from its dp group (restore).
+  // FailedPrecondition naming why for a refusal (another config, an MPI job,
+  // a job that stops), DeadlineExceeded when nobody answered in time, and
+  // the regroup's error when it failed (the members then go on without it).
+  static absl::StatusOr<Joined> Join(std::shared_ptr<Store> store, const ElasticOptions& options,
+                                     JoinOptions join, ElasticHooks hooks = {});
 
   // This rank's job rank, and the current epoch's membership.
   int rank() const { return rank_; }
@@ -165,6 +217,15 @@ class STRATA_EXPORT ElasticLoop {
                              bool abort_at_once = true);
   // True once this rank knows of the current epoch's alarm.
   bool alarmed() const;
+  // Whether the step just committed said that processes wait to join (the
+  // same answer on every member). Then, after applying it, every member
+  // calls Admit(next step) and Recover(): the joiners come in at this step
+  // boundary.
+  bool joiners_waiting() const;
+  // Raises the epoch's alarm for the waiting joiners (communicators are not
+  // aborted: every member is between steps); `next_step` is the step the
+  // job runs after the regroup (the joiners learn it).
+  absl::Status Admit(int64_t next_step);
 
   enum class Outcome : uint8_t { kContinue, kLeave, kFinished };
   struct Recovery {
@@ -193,12 +254,27 @@ class STRATA_EXPORT ElasticLoop {
 
   // Every recovery so far on this rank, oldest first.
   std::vector<RecoveryEvent> events() const;
+  // Replaces ElasticHooks::abort_all (a joiner's World taken over by an
+  // owner that aborts it its own way). From the thread that drives the loop.
+  void SetAbortAll(std::function<void()> abort_all);
   // Records the restore phase of the last event (Python's State does it).
   void RecordRestore(absl::Time restored_at, const std::string& restored_from);
 
  private:
-  ElasticLoop(World& world, std::shared_ptr<Store> store, ElasticOptions options,
-              ElasticHooks hooks);
+  ElasticLoop(World* world, std::shared_ptr<Store> store, ElasticOptions options,
+              ElasticHooks hooks, int rank, Membership membership);
+  // The default ElasticHooks::connect, and the store prefix of the fresh
+  // job communicator of `next`.
+  absl::StatusOr<std::unique_ptr<Communicator>> ConnectJob(std::shared_ptr<Store> rendezvous,
+                                                           int rank, int size);
+  std::shared_ptr<Store> RendezvousOf(const Membership& next) const;
+  // Writes the job's facts for joiners (size, config, backend, whether it
+  // admits them) once (the first writer wins).
+  absl::Status WriteJobInfo();
+  // Every member of a recovery for joiners (Admit) waits here until all
+  // are between steps (an optimizer's collective of the last step's apply
+  // may still run on another member), before any aborts its communicators.
+  void MeetBeforeJoin();
   // The monitor's reaction to an alarm: hands the abort to the aborter's
   // thread and returns at once.
   void OnAlarm(const Detection& alarm, uint64_t epoch);
@@ -230,7 +306,7 @@ class STRATA_EXPORT ElasticLoop {
   [[noreturn]] void ExitLeavingRank(const RecoveryEvent& event);
   absl::StatusOr<bool> AllShrunk(const Membership& next, bool shrunk);
 
-  World& world_;
+  World* world_;  // null on a joiner until its World exists
   const std::shared_ptr<Store> store_;
   const ElasticOptions options_;
   ElasticHooks hooks_;
@@ -245,6 +321,8 @@ class STRATA_EXPORT ElasticLoop {
   mutable std::mutex mu_;
   std::vector<int> suspects_;  // guarded by mu_
   std::vector<RecoveryEvent> events_;
+  // A joiner placed in the mesh at once: Run restores its state first.
+  bool joined_placed_ = false;
   // Last: stopped first on destruction (its thread calls OnAlarm).
   std::unique_ptr<HeartbeatMonitor> monitor_;
 };

@@ -37,6 +37,7 @@ enum class DetectionSource : uint8_t {
   kProbe,      // a rank's process is gone (found through /proc on its host)
   kCommit,     // the step commit was aborted by another rank
   kRequest,    // a planned membership change (ElasticLoop::RequestChange)
+  kJoin,       // processes asked to join (ElasticLoop::Admit)
 };
 
 STRATA_EXPORT const char* DetectionSourceName(DetectionSource source);
@@ -83,13 +84,18 @@ struct STRATA_EXPORT RecoveryEvent {
   // `members`).
   std::vector<std::pair<int, int>> replaced;
   std::vector<int> spares;
+  // Job ranks admitted (joiners), and those that formed new replicas as dp
+  // grew back (joiners or spares placed into the mesh).
+  std::vector<int> joined;
+  std::vector<int> grown;
   // Why each failed rank was taken as failed ("process gone", "heartbeat
   // stale 3.1s", "no check-in within 2s"), in the order of `failed`.
   std::vector<std::string> failed_why;
   MeshSpec mesh_before;
   MeshSpec mesh_after;
   // This rank's job rank, whether it leaves (its replica was dropped), and
-  // whether it was a spare placed into the mesh by this change.
+  // whether it was a spare placed into the mesh by this change (a grown
+  // rank, a joiner placed at once, included).
   int rank = -1;
   bool leaves = false;
   bool placed = false;

@@ -44,6 +44,13 @@ struct STRATA_EXPORT Membership {
   std::vector<int> members;
   // The current mesh (spec.world_size <= members.size()).
   MeshSpec mesh;
+  // The data-parallel size the job started with: joiners (and spares) make
+  // dp grow back up to it (PlanGrow). 0: unknown (no growing).
+  int full_dp = 0;
+  // How many join requests the agreements so far have answered (admitted
+  // or refused): the n-th request to join the job (n > joins_seen) is still
+  // waiting.
+  int64_t joins_seen = 0;
 
   // The root rank of `job_rank` in this epoch, or -1 when it is no member.
   int RootRankOf(int job_rank) const;
@@ -55,7 +62,8 @@ struct STRATA_EXPORT Membership {
 };
 
 // The starting membership of a World of `mesh` and `spares` hot spares:
-// epoch 1, job ranks 0..n-1 in the mesh, n..n+spares-1 standing by.
+// epoch 1, job ranks 0..n-1 in the mesh, n..n+spares-1 standing by;
+// full_dp is the mesh's dp.
 STRATA_EXPORT Membership InitialMembership(const MeshSpec& mesh, int spares = 0);
 
 // "dp4 x tp2" (axes of size 1 left out; "1 rank" for a world of one).
@@ -104,5 +112,14 @@ struct STRATA_EXPORT ChangePlan {
 // rank that is no member.
 STRATA_EXPORT absl::StatusOr<ChangePlan> PlanChange(const Membership& current,
                                                     absl::Span<const int> failed);
+
+// Growing back: while `next` has fewer replicas than `next.full_dp` and
+// enough spares for a whole replica, the first spares form a new replica
+// (dp + 1): the members keep every coordinate but nothing moves (the new
+// replica takes the positions of the highest dp coordinate) and the spares
+// take the new positions in mesh order. Returns the job ranks so placed, in
+// position order (none when nothing grew). Only meshes whose replica is one
+// data-parallel slice grow (ep = 1; with ep > 1 joiners stay spares).
+STRATA_EXPORT absl::StatusOr<std::vector<int>> PlanGrow(Membership& next);
 
 }  // namespace strata::elastic

@@ -46,7 +46,8 @@ enum class AgreementKind : uint8_t {
 STRATA_EXPORT const char* AgreementKindName(AgreementKind kind);
 
 struct STRATA_EXPORT ElasticOptions {
-  static constexpr int kVersion = 1;
+  // Version 2 added config, grow and join_timeout.
+  static constexpr int kVersion = 2;
   int version = kVersion;
 
   // A name that separates jobs sharing one store: every key is under
@@ -91,6 +92,16 @@ struct STRATA_EXPORT ElasticOptions {
   // resuming (it is no member of the new epoch), but a stopped process
   // never resumes.
   bool fence_unresponsive = true;
+
+  // Growing back (ElasticLoop::Join). `config`: what a process must match
+  // to join this job (a digest of the model's configuration, the code's
+  // version); a joiner with another is refused, naming both. `grow`:
+  // whether spares and joiners form new replicas while dp is below the
+  // job's first dp (else they stand by). `join_timeout`: how long a joiner
+  // waits to be admitted (the members admit at their next step boundary).
+  std::string config;
+  bool grow = true;
+  absl::Duration join_timeout = absl::Minutes(5);
 
   // InvalidArgument naming the first bad field and its value.
   absl::Status Validate() const;

@@ -17,6 +17,12 @@
 // (and one CompareSet for the last voter); the store keeps one small key
 // per step.
 //
+// Joining: the last voter also reads the job's count of join requests (one
+// more store read, on one rank per step); when some are unanswered it
+// writes "commit+join", and every rank learns with the commit that
+// joiners wait (joiners_waiting): the step is applied, then every rank
+// admits them at the same step boundary (ElasticLoop::Admit).
+//
 // MPI jobs use the store protocol too (a file store on one host); a ULFM
 // protocol (MPIX_Comm_iagree over an elastic control communicator, the AND
 // of the votes returned uniformly to every survivor) is not implemented.
@@ -49,6 +55,8 @@ class STRATA_EXPORT StepCommit {
   // Makes the vote of `step` of `epoch` abort (the epoch's alarm came),
   // from any thread; nothing when `epoch` is over.
   virtual void Abort(uint64_t epoch, int64_t step) = 0;
+  // Whether the last committed step said that processes wait to join.
+  virtual bool joiners_waiting() const { return false; }
   virtual const char* name() const = 0;
 };
 

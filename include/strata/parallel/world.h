@@ -78,6 +78,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,8 +130,8 @@ struct STRATA_EXPORT TraceOptions {
 struct STRATA_EXPORT WorldOptions {
   // Version 2 removed `extra_groups` (every combination is created on first
   // request) and added `group_creation_timeout`; version 3 added `trace`;
-  // version 4 added `spares`.
-  static constexpr int kVersion = 4;
+  // version 4 added `spares`; version 5 added `on_root`.
+  static constexpr int kVersion = 5;
   int version = kVersion;
   // Root communicator: backend ("auto", "mpi"), default operation timeout
   // (which also bounds the creation of every group), backend settings.
@@ -146,6 +147,11 @@ struct STRATA_EXPORT WorldOptions {
   // by in no group (see "Spares" above) until strata::elastic places one
   // where a member failed.
   int spares = 0;
+  // Create only: called once the root communicator exists, before any
+  // group is made (what must happen between the two on every rank: the
+  // elastic layer's joiner votes there, as the members do after their
+  // rendezvous). An error ends the creation with it.
+  std::function<absl::Status(Communicator& root)> on_root;
 };
 
 class STRATA_EXPORT World {

@@ -126,7 +126,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
   if (!generation.ok()) return internal::Annotate(generation.status(), what);
   const std::string uid = absl::StrCat("strata/root", *generation);
   absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> context =
-      ConnectContext(*runtime, uid, rank, size, deadline);
+      ConnectContext(*runtime, uid, rank, size, deadline, options.cancelled);
   if (!context.ok()) return internal::Annotate(context.status(), what);
   return std::make_unique<GlooCommunicator>(std::move(runtime), std::move(context).value(),
                                             options.comm, uid);

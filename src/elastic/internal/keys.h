@@ -12,8 +12,15 @@
 //   strata/elastic/<job>/<epoch>/step/<n>        step n: commit or abort (CompareSet)
 //   strata/elastic/<job>/<epoch>/regroup/done    members past their shrink (Add)
 //   strata/elastic/<job>/<epoch>/regroup/failed  members whose shrink failed (Add)
+//   strata/elastic/<job>/<epoch>/comm/...        a fresh job communicator's rendezvous
+//                                                (a regroup that admits joiners)
 //   strata/elastic/<job>/finished                the epoch whose members finished (Set):
 //                                                spares standing by end
+//   strata/elastic/<job>/info                    the job: size, config, whether it admits
+//                                                joiners (CompareSet at the start)
+//   strata/elastic/<job>/joins                   join requests so far (Add)
+//   strata/elastic/<job>/join/<n>                request n: the joiner's config and process
+//   strata/elastic/<job>/join/<n>/answer         the epoch that admitted it, or why not
 //
 // Ranks are job ranks (stable across epochs).
 #pragma once
@@ -43,6 +50,13 @@ class Keys {
   std::string Regrouped() const { return absl::StrCat(prefix_, "regroup/done"); }
   std::string RegroupFailed() const { return absl::StrCat(prefix_, "regroup/failed"); }
   std::string Finished() const { return absl::StrCat(job_prefix_, "finished"); }
+  std::string Rendezvous() const { return absl::StrCat(prefix_, "comm/"); }
+  std::string Info() const { return absl::StrCat(job_prefix_, "info"); }
+  std::string Joins() const { return absl::StrCat(job_prefix_, "joins"); }
+  std::string Join(int64_t n) const { return absl::StrCat(job_prefix_, "join/", n); }
+  std::string JoinAnswer(int64_t n) const {
+    return absl::StrCat(job_prefix_, "join/", n, "/answer");
+  }
   const std::string& prefix() const { return prefix_; }
 
  private:

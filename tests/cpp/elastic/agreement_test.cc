@@ -258,9 +258,17 @@ TEST(DecisionTest, RoundTrips) {
   d.mesh = Dp4Tp2().mesh;
   d.cause.detail = "x";
   d.cause.evict = {1};
+  d.cause.source = DetectionSource::kJoin;
+  d.joined = {8};
+  d.grown = {8};
+  d.refused = {{2, "its config 'b' is not the job's 'a'"}};
+  d.full_dp = 4;
+  d.joins_seen = 2;
   absl::StatusOr<Decision> back = Decision::Decode(d.Encode());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->Encode(), d.Encode());
+  EXPECT_EQ(back->Next().joins_seen, 2);
+  EXPECT_EQ(back->Next().full_dp, 4);
   EXPECT_FALSE(Decision::Decode("{").ok());
 }
 

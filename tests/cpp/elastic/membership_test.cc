@@ -210,6 +210,64 @@ TEST(PlanChangeTest, SparesGoToTheReplicasThatLostFewest) {
   EXPECT_EQ(p->next.mesh.world_size, 6);
 }
 
+TEST(PlanGrowTest, SparesFormANewReplicaUpToTheFirstDp) {
+  // dp4 x tp2 lost replica {2, 3} (dp3); two joiners (8, 9) stand by.
+  Membership m = InitialMembership(Spec(2, 1));
+  EXPECT_EQ(m.full_dp, 4);
+  absl::StatusOr<ChangePlan> p = PlanChange(m, {3});
+  ASSERT_TRUE(p.ok()) << p.status();
+  Membership next = p->next;
+  next.full_dp = m.full_dp;
+  next.members.push_back(8);
+  absl::StatusOr<std::vector<int>> grown = PlanGrow(next);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_TRUE(grown->empty());  // one spare is half a replica
+  EXPECT_EQ(next.spares(), 1);
+  next.members.push_back(9);
+  grown = PlanGrow(next);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_THAT(*grown, ElementsAre(8, 9));
+  EXPECT_THAT(next.members, ElementsAre(0, 1, 4, 5, 6, 7, 8, 9));
+  EXPECT_EQ(Mesh::Create(next.mesh)->dp(), 4);
+  EXPECT_EQ(next.spares(), 0);
+  // At the first dp, spares stay spares.
+  next.members.push_back(10);
+  next.members.push_back(11);
+  grown = PlanGrow(next);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  EXPECT_TRUE(grown->empty());
+  EXPECT_EQ(next.spares(), 2);
+}
+
+TEST(PlanGrowTest, TheNewReplicaTakesTheHighestDpCoordinateInAnyOrder) {
+  // dp-first order: a replica is every other rank; the members keep their
+  // tp and pp coordinates and the new replica takes dp coordinate 3.
+  Membership m = InitialMembership(Spec(2, 1, 1, 1, "dp-tp-cp-ep-pp"));
+  absl::StatusOr<ChangePlan> p = PlanChange(m, {1});
+  ASSERT_TRUE(p.ok()) << p.status();
+  Membership next = p->next;
+  next.full_dp = 4;
+  next.members.push_back(8);
+  next.members.push_back(9);
+  absl::StatusOr<std::vector<int>> grown = PlanGrow(next);
+  ASSERT_TRUE(grown.ok()) << grown.status();
+  ASSERT_THAT(*grown, ElementsAre(8, 9));
+  absl::StatusOr<Mesh> before = Mesh::Create(p->next.mesh);
+  absl::StatusOr<Mesh> after = Mesh::Create(next.mesh);
+  ASSERT_TRUE(before.ok() && after.ok());
+  for (int r = 0; r < 8; ++r) {
+    const int job = next.members[r];
+    const std::map<std::string, int> c = *after->Coords(r);
+    if (job >= 8) {
+      EXPECT_EQ(c.at("dp"), 3) << "joiner " << job;
+      continue;
+    }
+    const std::map<std::string, int> was = *before->Coords(p->next.RootRankOf(job));
+    EXPECT_EQ(c.at("tp"), was.at("tp")) << "rank " << job;
+    EXPECT_EQ(c.at("dp"), was.at("dp")) << "rank " << job;
+  }
+}
+
 TEST(PlanChangeTest, AFailedSpareLeavesThePoolAndNoMemberMoves) {
   const Membership m = InitialMembership(Spec(2, 1), 2);
   absl::StatusOr<ChangePlan> p = PlanChange(m, {8});

@@ -1,0 +1,116 @@
+"""Growing back for real: examples/elastic/train.py under ``torchrun
+--standalone`` (Gloo) with ``--restarts 1``: strata.elastic.supervise starts
+a new process for a rank that was SIGKILLed from outside (or that left with
+its dropped replica), and that process joins the running job.
+
+Cases (STRATA_REJOIN_CASE):
+- ``dp``: 4 ranks, dp4. A random rank is killed at a random moment after
+  step 4: dp4 -> dp3; its restarted process joins at a step boundary,
+  completes a fourth replica and dp grows back to 4.
+- ``tp``: 8 ranks, dp4 x tp2. The killed rank's replica is dropped (its
+  partner leaves, dp3); both processes are restarted, join as spares, and
+  once both are in they form a replica: dp4 again.
+
+Checked: the job exits 0; every member of the final world holds the same
+events (a failure, then joins) and the final mesh is the first one; rank 0
+printed a {"event": "join"} line; the joiners received the state of their
+place: step counter, scheduler, sampler position and the record of every
+committed step equal the others', and the parameters are bitwise equal
+across replicas (per tp rank); the final parameters equal a one-process
+reference on the same global batches (the global batch is kept through
+every change of dp).
+"""
+
+import math
+import os
+import random
+import signal
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import elastic_driver as D  # noqa: E402
+
+from strata import checkpoint  # noqa: E402
+
+CASE = os.environ.get("STRATA_REJOIN_CASE", "dp")
+NP, TP = (4, 1) if CASE == "dp" else (8, 2)
+STEPS, LR, BATCH = 60, 0.05, 48
+ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("reference"))
+    job = D.Job("none", 1, ["--steps", str(STEPS), "--tp", "1"] + ARGS, out, timeout=120)
+    assert job.finish() == 0, job.tail()
+    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+
+
+def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
+    seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    killed = rng.randrange(NP)
+    print(f"{CASE}: seed {seed}, SIGKILL to rank {killed}", flush=True)
+    args = ["--steps", str(STEPS), "--tp", str(TP), "--restarts", "1",
+            "--step-sleep", "0.15"] + ARGS
+    job = D.Job("torchrun", NP, args, str(tmp_path), timeout=200)
+    try:
+        D.kill_rank(job, killed, signal.SIGKILL, after_steps=4, when="random", rng=rng,
+                    timeout=150)
+        rc = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+    print(job.tail(60))
+    assert rc == 0, f"the job failed ({rc}):\n{job.tail()}"
+    reports = job.reports()
+    assert sorted(reports) == list(range(NP)), (sorted(reports), job.tail())
+    # A rank that stayed throughout (the killed rank's report, and its tp
+    # partner's, come from the processes that joined in their places).
+    replica = {killed - killed % TP + t for t in range(TP)}
+    stayed = min(set(range(NP)) - replica)
+    events = reports[stayed]["events"]
+    assert events[0]["failed"] == [killed], events
+    joins = [e for e in events if e["cause"]["source"] == "join"]
+    assert joins, events
+    grown = [r for e in joins for r in e["grown"]]
+    joined = [r for e in joins for r in e["joined"]]
+    assert len(joined) == TP and sorted(grown) == sorted(joined), events
+    assert all(r >= NP for r in joined), joined  # joiners get new job ranks
+    assert events[-1]["dp"] == NP // TP and events[-1]["world"] == NP, events[-1]
+    for r in replica:
+        assert reports[r]["events"][0]["cause"]["source"] == "join", reports[r]["events"]
+    for r in range(NP):
+        rep = reports[r]
+        assert rep["world"] == NP, (r, rep["world"])
+        mine = [(e["epoch"], e["members"]) for e in rep["events"]]
+        assert mine[-1] == (events[-1]["epoch"], events[-1]["members"]), (r, mine)
+    lines = [x for x in job.lines if x.get("event") == "join"]
+    assert lines, job.tail()
+    assert lines[-1]["dp"] == NP // TP, lines
+    steps = [x for x in job.lines if x.get("event") == "step"]
+    print(f"join lines: {lines}", flush=True)
+
+    by_tp = {}
+    for r in range(NP):
+        rep = reports[r]
+        by_tp.setdefault(rep["coords"]["tp"], set()).add(rep["param_hash"])
+        assert rep["steps"] == STEPS and rep["scheduler_epoch"] == STEPS, r
+        assert math.isclose(rep["lr"], LR * min(1.0, (STEPS + 1) / 10)), rep["lr"]
+        assert rep["sampler_position"] == STEPS * BATCH, r
+        assert [s[0] for s in rep["trained_samples"]] == list(range(STEPS)), r
+    assert all(len(h) == 1 for h in by_tp.values()), by_tp
+    assert len(steps) >= STEPS
+
+    final = checkpoint.load(os.path.join(job.report, "final"))["model"]
+    assert sorted(final) == sorted(reference)
+    for name in reference:
+        a, b = final[name], reference[name]
+        assert a.shape == b.shape, name
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item()), name
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-s"]))
