@@ -80,6 +80,7 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
@@ -98,6 +99,9 @@ def parse(argv=None):
                    help="under torchrun: start a new process for a killed rank (or one whose "
                    "replica was dropped) up to N times; it joins the running job as a spare, "
                    "or completes a replica and dp grows back")
+    p.add_argument("--joiner-dies", metavar="MARKER",
+                   help="test: the first process that joins the running job (no file MARKER "
+                   "yet: it makes it) is SIGKILLed while it would receive its state")
     p.add_argument("--spares", type=int, default=0,
                    help="hot spares: the last N ranks stand by and take a failed rank's place")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel size (with --experts)")
@@ -382,6 +386,7 @@ def main(argv=None):
         torch.cuda.set_device(device)
     world = strata.init(strata.Mesh(launch.world_size - args.spares, **sizes),
                         backend=args.backend, timeout=120, spares=args.spares)
+    joiner = world.joining  # a process joining the running job (a restarted rank)
     x_all, y_all = (t.to(device) for t in dataset(args.samples, args.hidden))
     pp = model = opt = params = state = hold = stage = None
 
@@ -389,6 +394,10 @@ def main(argv=None):
         """The model, optimizer and State of this rank's mesh position (on a
         spare: once a failure gave it one)."""
         nonlocal pp, model, opt, params, state, hold, stage
+        if joiner and args.joiner_dies and not os.path.exists(args.joiner_dies):
+            with open(args.joiner_dies, "w") as f:
+                f.write(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)  # its dp group is about to send its state
         pp = world.group("pp")
         hold = Hold(args.hold, launch.rank, args.pid_dir, args.hold_seconds) if args.hold else None
         if hold is not None and hold.op != "checkpoint" and (hold.op == "send") != (args.pp > 1):

@@ -381,6 +381,14 @@ class Controller:
             except Exception:  # noqa: BLE001: the old world's save is abandoned
                 pass
         self._admitting = False
+        while True:
+            event = self._recover_once()
+            if event is not True:
+                return event
+
+    def _recover_once(self):
+        """One recovery; True when a newcomer's state could not be sent (a
+        joiner or spare lost meanwhile: its alarm is raised, recover again)."""
         kind, text = self._loop.recover()
         event = json.loads(text)
         planned, self._planned = self._planned, None
@@ -397,7 +405,14 @@ class Controller:
             # then every layer moves to the new groups with them (they do
             # the same, in this order).
             self.state.restore()
-            self._share_state(event)
+            try:
+                self._share_state(event)
+            except CommError as e:
+                why = f"sending the newcomers their state: {type(e).__name__}: {e}"
+                self._loop.report_failure(why)
+                event["restore_failed"] = why  # kept in events; the next recovery follows
+                self.events.append(event)
+                return True
             self._spare_regroup(event)
             restored_from = "memory"
         else:

@@ -10,6 +10,9 @@ Cases (STRATA_REJOIN_CASE):
 - ``tp``: 8 ranks, dp4 x tp2. The killed rank's replica is dropped (its
   partner leaves, dp3); both processes are restarted, join as spares, and
   once both are in they form a replica: dp4 again.
+- ``dies``: as ``dp``, but the first joiner is SIGKILLed while it would
+  receive its state (the example's --joiner-dies): the members' broadcast
+  fails, they recover without it (dp3), and the second restart joins (dp4).
 
 Checked: the job exits 0; every member of the final world holds the same
 events (a failure, then joins) and the final mesh is the first one; rank 0
@@ -35,7 +38,8 @@ import elastic_driver as D  # noqa: E402
 from strata import checkpoint  # noqa: E402
 
 CASE = os.environ.get("STRATA_REJOIN_CASE", "dp")
-NP, TP = (4, 1) if CASE == "dp" else (8, 2)
+NP, TP = (8, 2) if CASE == "tp" else (4, 1)
+JOINERS = 2 if CASE in ("tp", "dies") else 1
 STEPS, LR, BATCH = 60, 0.05, 48
 ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR)]
 
@@ -53,8 +57,10 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
     rng = random.Random(seed)
     killed = rng.randrange(NP)
     print(f"{CASE}: seed {seed}, SIGKILL to rank {killed}", flush=True)
-    args = ["--steps", str(STEPS), "--tp", str(TP), "--restarts", "1",
+    args = ["--steps", str(STEPS), "--tp", str(TP), "--restarts", str(2 if CASE == "dies" else 1),
             "--step-sleep", "0.15"] + ARGS
+    if CASE == "dies":
+        args += ["--joiner-dies", str(tmp_path / "joiner-died")]
     job = D.Job("torchrun", NP, args, str(tmp_path), timeout=200)
     try:
         D.kill_rank(job, killed, signal.SIGKILL, after_steps=4, when="random", rng=rng,
@@ -77,7 +83,11 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
     assert joins, events
     grown = [r for e in joins for r in e["grown"]]
     joined = [r for e in joins for r in e["joined"]]
-    assert len(joined) == TP and sorted(grown) == sorted(joined), events
+    assert len(joined) == JOINERS and sorted(grown) == sorted(joined), events
+    if CASE == "dies":
+        died = joined[0]
+        assert any(e["failed"] == [died] for e in events), events
+        assert (tmp_path / "joiner-died").exists()
     assert all(r >= NP for r in joined), joined  # joiners get new job ranks
     assert events[-1]["dp"] == NP // TP and events[-1]["world"] == NP, events[-1]
     for r in replica:
