@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-WORLD = 8
+WORLD = int(os.environ.get("STRATA_BENCH_WORLD", "8"))  # run_goodput.py runs 6
 HIDDEN = 512
 LAYERS = 6
 GLOBAL_BATCH = 48

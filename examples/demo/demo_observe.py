@@ -155,7 +155,7 @@ class Observe:
                                                       "as measured (dp 0, tp 0)")
 
 
-def record_recovery(recovery_seconds, detail, eviction=None, spares=None):
+def record_recovery(recovery_seconds, detail, eviction=None, spares=None, joins=None):
     """The recovery act's figures, added to the summary (recovery.py)."""
     try:
         with open(SUMMARY) as f:
@@ -167,6 +167,7 @@ def record_recovery(recovery_seconds, detail, eviction=None, spares=None):
     if eviction:
         summary["straggler_eviction"] = eviction
     summary["spares_placed"] = spares or []
+    summary["joins"] = joins or []
     os.makedirs(OUT, exist_ok=True)
     with open(SUMMARY, "w") as f:
         json.dump(summary, f, indent=1)
@@ -199,6 +200,10 @@ def print_summary():
             rows.append((f"spare: rank {p['spare']} took rank {p['failed']}'s place",
                          sp["first_step_s"], "first step at dp" + str(sp["dp"]) + " {:.3f} s "
                          "after the failure"))
+    for j in s.get("joins") or []:
+        what = f"dp{j['dp']} again" if j["grown"] else "as a spare"
+        rows.append((f"rejoin: restarted rank(s) {j['joined']}", j["first_step_s"],
+                     "joined " + what + ", admission + one step {:.3f} s"))
     print("\n== summary " + "=" * 50, flush=True)
     for name, value, fmt in rows:
         shown = fmt.format(value) if value is not None else "(not run)"

@@ -14,17 +14,24 @@ figures, measured from the kill. Later in the same job one rank turns slow
 and strata's straggler policy (the default strata.elastic.StragglerPolicy:
 compute time above 2x the P95 of the others' for 5 consecutive steps)
 evicts it, with the numbers it decided on; the second spare takes its
-place. With ``--spares 0`` (dp4 x tp2) the failed and the evicted rank's
-replicas are dropped instead.
+place. Each process that was killed or evicted is started again
+(``--restarts``, strata.elastic.supervise) and joins the running job at a
+step boundary as a spare, so the spares are back to 2 by the end (with
+``--spares 0``, dp4 x tp2: the failed and the evicted rank's replicas are
+dropped, and the restarted processes complete a replica again: dp grows
+back).
 
-    python3 examples/demo/recovery.py [--launcher mpirun|torchrun] [--np 8]
-        [--mpirun PATH] [--steps 34] [--kill-step 12] [--victim 5]
-        [--straggler 3] [--slow-step 18] [--spares 2]
+    python3 examples/demo/recovery.py [--launcher torchrun|mpirun] [--np 8]
+        [--mpirun PATH] [--steps 60] [--kill-step 12] [--victim 5]
+        [--straggler 3] [--slow-step 18] [--spares 2] [--restarts 2]
 
-Under mpirun the line has --with-ft ulfm (without it prterun ends the job
-when a process dies); under torchrun the example's strata.elastic.supervise()
-keeps torchrun's agent from stopping the others. The exit status is the
-job's (0 when the survivors finish), or 1 when the demo saw no recovery.
+Under torchrun (the default: Gloo, which can take a joining process) the
+example's strata.elastic.supervise(restarts=) keeps torchrun's agent from
+stopping the others and starts the new processes; under mpirun the line has
+--with-ft ulfm (without it prterun ends the job when a process dies) and
+nothing joins (the MPI backend cannot add a process to a running job). The
+exit status is the job's (0 when the survivors finish), or 1 when the demo
+saw no recovery (or no join, with restarts).
 """
 
 import argparse
@@ -79,10 +86,12 @@ def sparkline(values):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--launcher", choices=["mpirun", "torchrun"], default="mpirun")
+    ap.add_argument("--launcher", choices=["mpirun", "torchrun"], default="torchrun")
     ap.add_argument("--np", type=int, default=8)
     ap.add_argument("--mpirun", default=os.path.join(sysconfig.get_paths()["data"], "bin", "mpirun"))
-    ap.add_argument("--steps", type=int, default=34)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--restarts", type=int, default=2,
+                    help="torchrun: start a killed or evicted process again, which joins")
     ap.add_argument("--kill-step", type=int, default=12, help="kill once this step is committed")
     ap.add_argument("--victim", type=int, default=5, help="the world rank to kill")
     ap.add_argument("--straggler", type=int, default=3,
@@ -107,6 +116,9 @@ def main(argv=None):
     shutil.rmtree(timeline_dir, ignore_errors=True)
     example_args = ["--steps", str(args.steps), "--pid-dir", pid_dir, "--step-sleep", "0.1",
                     "--lr", str(args.lr), "--timeline", timeline_dir, "--spares", str(args.spares)]
+    restarts = args.restarts if args.launcher == "torchrun" else 0
+    if restarts:
+        example_args += ["--restarts", str(restarts)]
     if args.straggler >= 0:
         example_args += ["--straggler-policy", "evict",
                          "--slow", f"{args.straggler}:3:{args.slow_step}"]
@@ -114,7 +126,7 @@ def main(argv=None):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     print("\n== 7. In-process recovery: a rank is killed from outside while the model trains, "
           f"then a straggler is evicted{' (2 hot spares take their places)' if args.spares else ''}"
-          "\n"
+          f"{'; both processes are started again and join back' if restarts else ''}\n"
           f"$ {' '.join(os.path.relpath(c, ROOT) if c == EXAMPLE else c for c in cmd)}", flush=True)
     deadline = time.time() + args.timeout
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
@@ -122,7 +134,7 @@ def main(argv=None):
     timer.daemon = True
     timer.start()
     losses, t_kill, recovery, first_after, killed_at_step = [], None, None, None, None
-    eviction, spares = None, []
+    eviction, spares, joins = None, [], []
     try:
         for line in proc.stdout:
             try:
@@ -157,6 +169,15 @@ def main(argv=None):
                     print(f"  spare     : rank {p['spare']} holds rank {p['failed']}'s place since "
                           f"this step, dp {rec['dp']}; {rec['first_step_s']:.3f} s from the "
                           f"failure to here; spares left {rec['spares_left']}", flush=True)
+            elif ev == "join":
+                joins.append(rec)
+                how = (f"completes a replica: dp {rec['dp']}" if rec["grown"]
+                       else f"stands by as a spare (spares {rec['spares']})")
+                print(f"  join      : restarted process(es) {rec['joined']} joined the running job "
+                      f"and {how}; {rec['first_step_s']:.3f} s from the admission to the end of "
+                      "this step", flush=True)
+            elif ev == "recovery" and (rec.get("cause") or {}).get("source") == "join":
+                pass  # shown by its join line
             elif ev == "recovery" and rec.get("reason") == "straggler":
                 show_recovery(rec, None)
                 eviction = dict(eviction or {}, evicted_at_step=rec.get("step"),
@@ -176,7 +197,10 @@ def main(argv=None):
     if args.spares and len(spares) < 1:
         print("demo: no spare took a lost rank's place", file=sys.stderr, flush=True)
         rc = rc or 1
-    show_figures(recovery, t_kill, losses, killed_at_step, eviction, spares)
+    if restarts and not joins:
+        print("demo: no restarted process joined back", file=sys.stderr, flush=True)
+        rc = rc or 1
+    show_figures(recovery, t_kill, losses, killed_at_step, eviction, spares, joins)
     return rc
 
 
@@ -226,7 +250,7 @@ def placed_text(rec):
     return f"ranks {rec.get('leaving', [])} leave with their replica"
 
 
-def show_figures(rec, t_kill, losses, killed_at_step, eviction=None, spares=()):
+def show_figures(rec, t_kill, losses, killed_at_step, eviction=None, spares=(), joins=()):
     print("\nloss per step (the kill after step "
           f"{killed_at_step}; the curve goes on where it was):", flush=True)
     vals = [loss for _, loss, _ in losses if loss is not None]
@@ -260,7 +284,7 @@ def show_figures(rec, t_kill, losses, killed_at_step, eviction=None, spares=()):
     if cause.get("failed_at"):
         demo_observe.record_recovery(t_step - t_kill, {
             k: rec.get(k) for k in ("detect_s", "agree_s", "rebuild_s", "restore_s", "failed",
-                                    "epoch", "replaced")}, eviction, list(spares))
+                                    "epoch", "replaced")}, eviction, list(spares), list(joins))
     demo_observe.print_summary()
 
 

@@ -31,7 +31,9 @@ strata.elastic.run rebuilds the DataParallel layers on the new groups.
 Rank 0 prints one JSON line per completed step ({"event": "step", "step",
 "loss", "world", "dp", "time"}) and one per recovery ({"event": "recovery",
 "failed", "detect_s", "agree_s", "rebuild_s", "restore_s", "world", "dp",
-...}). Every rank writes its pid to ``--pid-dir``/<world rank>.pid.
+...}). Every rank writes its pid to ``--pid-dir``/<world rank>.pid, and
+the process at mesh position p to ``--pid-dir``/pos-<p>.pid (taken over by
+a spare or joiner placed there).
 ``--report DIR`` makes every rank that finishes write DIR/rank<r>.json
 (its view of the run, for tests) and the survivors save the final model
 as a strata checkpoint in DIR/final.
@@ -357,12 +359,20 @@ def announce(path, value):
     os.replace(path + ".tmp", path)
 
 
-def write_pid(directory, rank):
+def write_pid(directory, rank, name=None):
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{rank}.pid")
+    path = os.path.join(directory, name or f"{rank}.pid")
     with open(path + ".tmp", "w") as f:
         f.write(str(os.getpid()))
     os.replace(path + ".tmp", path)
+
+
+def write_position(directory, world):
+    """DIR/pos-<world rank>.pid: the process that holds this mesh position
+    now (a placed spare or joiner takes the file over), for tools that slow
+    or kill "whoever trains at position p"."""
+    if directory and not world.is_spare:
+        write_pid(directory, None, f"pos-{world.rank}.pid")
 
 
 def main(argv=None):
@@ -434,6 +444,7 @@ def main(argv=None):
     deferred = world.joining or world.is_spare
     if not deferred:
         build(world)
+        write_position(args.pid_dir, world)
     slow = [parse_slow(v, args.step_sleep) for v in args.slow]
     drop = None
     if args.drop:
@@ -458,6 +469,7 @@ def main(argv=None):
     def on_world_changed(event, world):
         # The pipeline group was rebuilt: a schedule of the new world's.
         pipe.clear()
+        write_position(args.pid_dir, world)
 
     def train_step(ctx):
         if drop is not None and ctx.step == drop[1] and ctx.epoch == 1 and world.rank == 0:

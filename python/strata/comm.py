@@ -616,7 +616,7 @@ def init(mesh=None, backend="auto", timeout=None, env=None, store=None, store_ti
     ``spares``: hot spares for :mod:`strata.elastic`: the job has the
     mesh's ranks plus this many, the last ones, which stand by outside the
     mesh (``world.is_spare``; they have no group) until a failed rank's
-    place is given to one (docs/elastic.md "Spares").
+    place is given to one (docs/elastic-membership.md "Spares").
 
     ``metrics``: the :class:`strata.metrics.Metrics` every communicator of
     the world records its operations into (``world.metrics``); by default

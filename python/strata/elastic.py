@@ -486,12 +486,12 @@ class Controller:
                 "joiners take the state of their place from a member, not from a checkpoint")
 
     def _share_state(self, event):
-        """After a regroup that placed spares: in every data-parallel group
-        that gained one, the group's first rank that was already a member
-        broadcasts its state (step, parameters and buffers, optimizer and
-        scheduler states, sampler, user values) and the placed ranks load
-        it. One broadcast of the state's size per such group; the other
-        groups do nothing."""
+        """After a regroup that placed spares or grew a replica: in every
+        data-parallel group that gained ranks, the group's first rank that
+        was already a member sends its state (step, parameters and buffers,
+        optimizer and scheduler states, sampler, user values) to each of
+        them, which load it. Point to point: the other members of the group
+        neither send nor receive, and the other groups do nothing."""
         placed = {pair[1] for pair in event.get("replaced") or []} | set(event.get("grown") or [])
         if not placed:
             return
@@ -500,14 +500,13 @@ class Controller:
         members = event["members"]
         group = self.world.mesh.group_of(self.world.rank, "dp")
         jobs = [members[r] for r in group]
-        if not any(j in placed for j in jobs):
+        newcomers = [i for i, j in enumerate(jobs) if j in placed]
+        if not newcomers:
             return
         source = next(i for i, j in enumerate(jobs) if j not in placed)
         dp = self.world.group("dp")
         st = self.state
-        mine = dp.rank == source
-        payload = b""
-        if mine:
+        if dp.rank == source:
             buf = io.BytesIO()
             torch.save({"step": st.step, "values": st._values,
                         "layouts": [layer._layout_state() for layer in self._dp_layers()],
@@ -515,15 +514,19 @@ class Controller:
                         "optimizers": [o.state_dict() for o in st.optimizers],
                         "schedulers": [x.state_dict() for x in st.schedulers],
                         "sampler": None if st.sampler is None else st.sampler.state_dict()}, buf)
-            payload = buf.getvalue()
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-        dp.broadcast(size, source)
-        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if mine
-                else torch.empty(int(size[0]), dtype=torch.uint8))
-        dp.broadcast(data, source)
-        if members[self.world.rank] not in placed:
+            data = torch.frombuffer(buf.getbuffer(), dtype=torch.uint8)
+            size = torch.tensor([data.numel()], dtype=torch.int64)
+            for i in newcomers:
+                dp.send(size, i)
+                dp.send(data, i)
             return
-        got = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+        if dp.rank not in newcomers:
+            return
+        size = torch.empty(1, dtype=torch.int64)
+        dp.recv(size, source)
+        data = torch.empty(int(size[0]), dtype=torch.uint8)
+        dp.recv(data, source)
+        got = torch.load(io.BytesIO(data.numpy()), weights_only=False)
         st.step = int(got["step"])
         st._values.update(got["values"])
         for m, sd in zip(st.models, got["models"]):

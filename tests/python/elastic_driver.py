@@ -120,7 +120,7 @@ class Job:
     def pids(self):
         out = {}
         for name in os.listdir(self.pid_dir):
-            if name.endswith(".pid"):
+            if name.endswith(".pid") and name[:-4].isdigit():  # not pos-<p>.pid
                 with open(os.path.join(self.pid_dir, name)) as f:
                     out[int(name[:-4])] = int(f.read())
         return out

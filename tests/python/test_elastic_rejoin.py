@@ -11,8 +11,15 @@ Cases (STRATA_REJOIN_CASE):
   partner leaves, dp3); both processes are restarted, join as spares, and
   once both are in they form a replica: dp4 again.
 - ``dies``: as ``dp``, but the first joiner is SIGKILLed while it would
-  receive its state (the example's --joiner-dies): the members' broadcast
+  receive its state (the example's --joiner-dies): the members' send
   fails, they recover without it (dp3), and the second restart joins (dp4).
+- ``evict``: 4 ranks, dp4, no kill: rank 2 turns 4x slow at step 6 (the
+  example's --slow) and the straggler policy evicts it (dp3); its process,
+  started again, joins and dp grows back to 4.
+
+In every case the loss of every step equals the reference run's (the
+global batch is kept through every change of dp, so the loss curve does not
+depend on the membership changes).
 
 Checked: the job exits 0; every member of the final world holds the same
 events (a failure, then joins) and the final mesh is the first one; rank 0
@@ -40,6 +47,7 @@ from strata import checkpoint  # noqa: E402
 CASE = os.environ.get("STRATA_REJOIN_CASE", "dp")
 NP, TP = (8, 2) if CASE == "tp" else (4, 1)
 JOINERS = 2 if CASE in ("tp", "dies") else 1
+KILL = CASE != "evict"
 STEPS, LR, BATCH = 60, 0.05, 48
 ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR)]
 
@@ -49,22 +57,27 @@ def reference(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("reference"))
     job = D.Job("none", 1, ["--steps", str(STEPS), "--tp", "1"] + ARGS, out, timeout=120)
     assert job.finish() == 0, job.tail()
-    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+    losses = {x["step"]: x["loss"] for x in job.steps()}
+    return checkpoint.load(os.path.join(job.report, "final"))["model"], losses
 
 
 def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
+    reference, reference_losses = reference
     seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
-    killed = rng.randrange(NP)
-    print(f"{CASE}: seed {seed}, SIGKILL to rank {killed}", flush=True)
+    killed = rng.randrange(NP) if KILL else 2
+    print(f"{CASE}: seed {seed}, {'SIGKILL to' if KILL else 'slowing'} rank {killed}", flush=True)
     args = ["--steps", str(STEPS), "--tp", str(TP), "--restarts", str(2 if CASE == "dies" else 1),
             "--step-sleep", "0.15"] + ARGS
     if CASE == "dies":
         args += ["--joiner-dies", str(tmp_path / "joiner-died")]
+    if CASE == "evict":  # slow from step 6 to 14: its restarted process is not
+        args += ["--straggler-policy", "evict", "--slow", f"{killed}:4:6:14"]
     job = D.Job("torchrun", NP, args, str(tmp_path), timeout=200)
     try:
-        D.kill_rank(job, killed, signal.SIGKILL, after_steps=4, when="random", rng=rng,
-                    timeout=150)
+        if KILL:
+            D.kill_rank(job, killed, signal.SIGKILL, after_steps=4, when="random", rng=rng,
+                        timeout=150)
         rc = job.finish()
     finally:
         if job.proc.poll() is None:
@@ -79,6 +92,9 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
     stayed = min(set(range(NP)) - replica)
     events = reports[stayed]["events"]
     assert events[0]["failed"] == [killed], events
+    if CASE == "evict":
+        assert events[0]["cause"]["source"] == "request" and events[0]["reason"] == "straggler", \
+            events[0]
     joins = [e for e in events if e["cause"]["source"] == "join"]
     assert joins, events
     grown = [r for e in joins for r in e["grown"]]
@@ -113,6 +129,11 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
         assert [s[0] for s in rep["trained_samples"]] == list(range(STEPS)), r
     assert all(len(h) == 1 for h in by_tp.values()), by_tp
     assert len(steps) >= STEPS
+    # The loss curve: every step's, against the reference's.
+    losses = {x["step"]: x["loss"] for x in steps}
+    assert sorted(losses) == sorted(reference_losses), (sorted(losses), sorted(reference_losses))
+    for n, want in reference_losses.items():
+        assert abs(losses[n] - want) <= 1e-4 * max(1.0, abs(want)), (n, losses[n], want)
 
     final = checkpoint.load(os.path.join(job.report, "final"))["model"]
     assert sorted(final) == sorted(reference)

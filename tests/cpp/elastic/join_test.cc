@@ -284,6 +284,50 @@ TEST(ElasticJoinTest, AJoinerGrowsDpBackAndTrainsToTheReference) {
   EXPECT_EQ(mine[0].step, events[1].step);
 }
 
+TEST(ElasticJoinTest, AJoinerThatAsksDuringARecoveryIsTakenInByIt) {
+  // dp4: rank 3 dies at step 2; the joiner asks as soon as the epoch's
+  // alarm is up, while the leader still waits to hear from rank 3 (its
+  // heartbeat must go stale first). The leader of that agreement answers
+  // the request: the replica of rank 3 is dropped and the joiner completes
+  // a new one in the same decision, so dp never drops below 4. (Were the
+  // joiner slower, the next step boundary would take it in.)
+  auto store = MakeMemoryStore();
+  std::vector<Result> results(5);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r) {
+    threads.emplace_back([&, r] {
+      results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, -1, TestOptions());
+    });
+  }
+  threads.emplace_back([&] {
+    results[4] = RunJoiner(
+        store, 10,
+        [&] {
+          return store->Get(internal::Keys("default", 1).Alarm(), absl::InfinitePast()).ok();
+        },
+        TestOptions());
+  });
+  for (std::thread& t : threads) t.join();
+  for (int r : {0, 1, 2, 4}) {
+    const Result& res = results[r];
+    ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
+    EXPECT_EQ(res.params, Reference(10)) << "rank " << r;
+    EXPECT_EQ(res.membership.mesh.dp, 4);
+    EXPECT_THAT(res.membership.members, ElementsAre(0, 1, 2, 4));
+  }
+  const std::vector<RecoveryEvent>& events = results[0].loop.events;
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events[0].failed, ElementsAre(3));
+  if (events.size() == 1) {
+    EXPECT_THAT(events[0].joined, ElementsAre(4));
+    EXPECT_THAT(events[0].grown, ElementsAre(4));
+    EXPECT_EQ(events[0].mesh_after.dp, 4);
+  } else {
+    ADD_FAILURE() << "the joiner asked after the agreement answered (a loaded host?): "
+                  << events[1].ToJson();
+  }
+}
+
 TEST(ElasticJoinTest, AJoinerStandsByWhenDpIsFullThenTakesAFailedPlace) {
   // dp2 x tp2 and nothing lost: the joiner (job rank 4) becomes a spare at
   // step 3; rank 1 dies at step 6 and the spare takes its place (dp stays).
