@@ -125,6 +125,26 @@ class Faults:
                     s.kill()
 
 
+def stop_job(proc, pid_dir):
+    """Ends a torchrun job and every process it started: torchrun's agent
+    gets SIGTERM (it stops its workers), then the group and every process
+    named in the pid folder (workers run in sessions of their own, and a
+    killpg of torchrun's alone leaves them training)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for name in os.listdir(pid_dir) if os.path.isdir(pid_dir) else []:
+        pid = read_pid(os.path.join(pid_dir, name))
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+
+
 def figures(steps, t0, duration, faults):
     """steps: [(step number completed, time)] of rank 0."""
     inside = [(n, t) for n, t in steps if t0 <= t <= t0 + duration]
@@ -159,9 +179,7 @@ def strata_side(args, tmp):
         time.sleep(max(0.0, t0 + args.minutes * 60 - time.time()))
     finally:
         faults.stop()
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-        job.proc.wait()
+        stop_job(job.proc, pid_dir)
     steps = [(ln["step"], ln["_t"]) for ln in job.steps()]
     out = figures(steps, t0, args.minutes * 60, faults)
     out["recoveries"] = [{k: r.get(k) for k in ("epoch", "failed", "replaced", "joined", "grown",
@@ -204,9 +222,7 @@ def torchrun_side(args, tmp):
         time.sleep(max(0.0, t0 + args.minutes * 60 - time.time()))
     finally:
         faults.stop()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop_job(proc, pid_dir)
     steps = [(r["step"], r["time"]) for r in records() if r["event"] == "step"]
     out = figures(steps, t0, args.minutes * 60, faults)
     out["restarts"] = max(r.get("attempt", 0) for r in records())

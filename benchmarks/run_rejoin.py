@@ -29,7 +29,6 @@ restart to its admission. Ratios are to the normal step. It takes
 import argparse
 import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -50,14 +49,9 @@ def run_job(seed):
     args = ["--steps", str(STEPS), "--restarts", "1"] + MODEL
     with open("/tmp/strata-mpirun.lock", "w") as lock, tempfile.TemporaryDirectory() as tmp:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        job = D.Job("torchrun", NP, args, tmp, env={"OMP_NUM_THREADS": "1"}, timeout=400)
-        try:
-            killed_at = D.kill_rank(job, KILLED, signal.SIGKILL, after_steps=AFTER, when="random",
-                                    rng=random.Random(seed), timeout=300)
-            rc = job.finish()
-        finally:
-            if job.proc.poll() is None:
-                os.killpg(job.proc.pid, signal.SIGKILL)
+        job, killed_at, rc = D.run_and_kill("torchrun", NP, args, tmp, KILLED, AFTER,
+                                            random.Random(seed), timeout=400,
+                                            env={"OMP_NUM_THREADS": "1"})
         if rc != 0:
             raise SystemExit(f"the job failed ({rc}):\n{job.tail()}")
         rec = job.recoveries()

@@ -21,7 +21,6 @@ recovery; with spares that step runs at dp3, without at dp2. It takes
 import argparse
 import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -43,14 +42,8 @@ def run_job(spares, seed):
         args += ["--spares", str(spares)]
     with open("/tmp/strata-mpirun.lock", "w") as lock, tempfile.TemporaryDirectory() as tmp:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        job = D.Job("mpirun", 6 + spares, args, tmp, timeout=200)
-        try:
-            killed_at = D.kill_rank(job, KILLED, signal.SIGKILL, after_steps=AFTER, when="random",
-                                    rng=random.Random(seed), timeout=150)
-            rc = job.finish()
-        finally:
-            if job.proc.poll() is None:
-                os.killpg(job.proc.pid, signal.SIGKILL)
+        job, killed_at, rc = D.run_and_kill("mpirun", 6 + spares, args, tmp, KILLED, AFTER,
+                                            random.Random(seed), timeout=200)
         if rc != 0:
             raise SystemExit(f"the job failed ({rc}):\n{job.tail()}")
         rec = job.recoveries()

@@ -361,11 +361,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   RecoveryEvent event;
   event.rank = rank_;
   event.epoch_before = before.epoch;
-  event.epoch_after = decision.next_epoch;
-  event.cause = decision.cause;
-  event.failed = decision.failed;
-  event.failed_why = decision.failed_why;
-  event.leaving = decision.leaving;
+  decision.Describe(event);
   event.mesh_before = before.mesh;
   event.attempts = attempt;
   event.step = current_step_.load();
@@ -381,14 +377,6 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
         absl::StrCat("rank ", rank_, " stops: ", decision.stop_reason));
   }
   const Membership next = decision.Next();
-  event.members = next.members;
-  event.replaced = decision.replaced;
-  event.joined = decision.joined;
-  event.grown = decision.grown;
-  event.spares.assign(
-      next.members.begin() + std::min<size_t>(next.members.size(), next.mesh.world_size),
-      next.members.end());
-  event.mesh_after = next.mesh;
   decided.push_back(event);
   if (Contains(decision.failed, rank_)) {
     const bool evicted =

@@ -190,19 +190,7 @@ absl::StatusOr<Joined> ElasticLoop::Join(std::shared_ptr<Store> store,
   RecoveryEvent event;
   event.rank = rank;
   event.epoch_before = decision.epoch;
-  event.epoch_after = decision.next_epoch;
-  event.cause = decision.cause;
-  event.failed = decision.failed;
-  event.failed_why = decision.failed_why;
-  event.leaving = decision.leaving;
-  event.members = next.members;
-  event.replaced = decision.replaced;
-  event.joined = decision.joined;
-  event.grown = decision.grown;
-  event.spares.assign(
-      next.members.begin() + std::min<size_t>(next.members.size(), next.mesh.world_size),
-      next.members.end());
-  event.mesh_after = next.mesh;
+  decision.Describe(event);
   event.known_by_all_at = decision.known_by_all_at;
   event.decided_at = decision.decided_at;
   event.placed = !next.IsSpare(rank);

@@ -383,6 +383,21 @@ void Decision::Plan(const Membership& current, bool grow) {
   mesh = plan->next.mesh;
 }
 
+void Decision::Describe(RecoveryEvent& event) const {
+  event.epoch_after = next_epoch;
+  event.cause = cause;
+  event.failed = failed;
+  event.failed_why = failed_why;
+  event.leaving = leaving;
+  event.members = members;
+  event.replaced = replaced;
+  event.joined = joined;
+  event.grown = grown;
+  event.spares.assign(members.begin() + std::min<size_t>(members.size(), mesh.world_size),
+                      members.end());
+  event.mesh_after = mesh;
+}
+
 std::string Decision::Encode() const {
   nlohmann::json j;
   j["kind"] = kind == Kind::kContinue ? "continue" : "stop";

@@ -177,6 +177,22 @@ def kill_rank(job, rank, sig, after_steps, when, rng, timeout):
     return t
 
 
+def run_and_kill(launcher, np, example_args, out, rank, after_steps, rng, timeout, env=None):
+    """Runs the example, SIGKILLs ``rank`` at a random moment after
+    ``after_steps`` steps (kill_rank), and waits for the job to end; the job
+    is killed whole if anything goes wrong. Returns (the Job, when the kill
+    was sent, the launcher's exit status)."""
+    job = Job(launcher, np, example_args, out, env=env, timeout=timeout)
+    try:
+        killed_at = kill_rank(job, rank, signal.SIGKILL, after_steps, "random", rng,
+                              max(30, timeout - 50))
+        rc = job.finish()
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+    return job, killed_at, rc
+
+
 def rank_environ(pid):
     """The environment a rank's process started with (/proc/<pid>/environ)."""
     with open(f"/proc/{pid}/environ", "rb") as f:

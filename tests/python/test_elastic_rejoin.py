@@ -73,15 +73,16 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
         args += ["--joiner-dies", str(tmp_path / "joiner-died")]
     if CASE == "evict":  # slow from step 6 to 14: its restarted process is not
         args += ["--straggler-policy", "evict", "--slow", f"{killed}:4:6:14"]
-    job = D.Job("torchrun", NP, args, str(tmp_path), timeout=200)
-    try:
-        if KILL:
-            D.kill_rank(job, killed, signal.SIGKILL, after_steps=4, when="random", rng=rng,
-                        timeout=150)
-        rc = job.finish()
-    finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
+    if KILL:
+        job, _, rc = D.run_and_kill("torchrun", NP, args, str(tmp_path), killed, 4, rng,
+                                    timeout=200)
+    else:
+        job = D.Job("torchrun", NP, args, str(tmp_path), timeout=200)
+        try:
+            rc = job.finish()
+        finally:
+            if job.proc.poll() is None:
+                os.killpg(job.proc.pid, signal.SIGKILL)
     print(job.tail(60))
     assert rc == 0, f"the job failed ({rc}):\n{job.tail()}"
     reports = job.reports()

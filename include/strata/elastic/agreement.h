@@ -87,6 +87,9 @@ struct STRATA_EXPORT Decision {
   // (PlanGrow: fills `grown`); or makes the decision a stop naming why no
   // mesh is left.
   void Plan(const Membership& current, bool grow = false);
+  // What it decided, into a rank's event: epoch_after, cause, failed (and
+  // why), leaving, members, replaced, joined, grown, spares, mesh_after.
+  void Describe(RecoveryEvent& event) const;
   std::string Encode() const;
   static absl::StatusOr<Decision> Decode(absl::string_view text);
 };
