@@ -387,8 +387,9 @@ class Controller:
                 return event
 
     def _recover_once(self):
-        """One recovery; True when a newcomer's state could not be sent (a
-        joiner or spare lost meanwhile: its alarm is raised, recover again)."""
+        """One recovery; True when the restore on the new world failed (a rank
+        lost meanwhile, such as a joiner that died while it would receive its
+        state: its alarm is raised, recover again)."""
         kind, text = self._loop.recover()
         event = json.loads(text)
         planned, self._planned = self._planned, None
@@ -399,36 +400,42 @@ class Controller:
             self._watch.reset()
         if kind == "leave":
             return self._leave(event)
+        try:
+            restored_from = self._restore(event)
+        except CommError as e:
+            # A rank lost while the state moves or the layers regroup (a
+            # joiner that died while it would receive its state): that is
+            # the next epoch's failure; recover again.
+            why = f"restoring after epoch {event['epoch']}'s regroup: {type(e).__name__}: {e}"
+            self._loop.report_failure(why)
+            event["restore_failed"] = why  # kept in events; the next recovery follows
+            self.events.append(event)
+            return True
+        return self._restored(restored_from,
+                              {k: event[k] for k in ("reason", "stragglers") if k in event})
+
+    def _restore(self, event):
+        """The State of the last committed step on the rebuilt world; returns
+        where it came from."""
         if (event.get("replaced") or event.get("grown")) and self.options.restore != "checkpoint":
             # A spare was placed or a replica grew: the state of the last
             # committed step goes to the newcomers first (restored here),
             # then every layer moves to the new groups with them (they do
             # the same, in this order).
             self.state.restore()
-            try:
-                self._share_state(event)
-            except CommError as e:
-                why = f"sending the newcomers their state: {type(e).__name__}: {e}"
-                self._loop.report_failure(why)
-                event["restore_failed"] = why  # kept in events; the next recovery follows
-                self.events.append(event)
-                return True
+            self._share_state(event)
             self._spare_regroup(event)
-            restored_from = "memory"
-        else:
-            lost = self._regroup_parts(event)
-            how = self.options.restore
-            if how == "memory" and lost:
-                raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State "
-                                   "lost their state in the regroup and restore='memory'")
-            if how == "checkpoint" or lost:
-                self._load_checkpoint()
-                restored_from = "checkpoint"
-            else:
-                self.state.restore()
-                restored_from = "memory"
-        return self._restored(restored_from,
-                              {k: event[k] for k in ("reason", "stragglers") if k in event})
+            return "memory"
+        lost = self._regroup_parts(event)
+        how = self.options.restore
+        if how == "memory" and lost:
+            raise ElasticError(f"rank {self.world.rank}: {len(lost)} part(s) of the State "
+                               "lost their state in the regroup and restore='memory'")
+        if how == "checkpoint" or lost:
+            self._load_checkpoint()
+            return "checkpoint"
+        self.state.restore()
+        return "memory"
 
     def _restored(self, restored_from, labels):
         """Records the restore; the event (as recorded, with ``labels`` and
