@@ -397,6 +397,9 @@ def main(argv=None):
     world = strata.init(strata.Mesh(launch.world_size - args.spares, **sizes),
                         backend=args.backend, timeout=120, spares=args.spares)
     joiner = world.joining  # a process joining the running job (a restarted rank)
+    # This rank's strata.timeline.Timeline (--timeline), made in build(world):
+    # a spare, or a process that joins, has no place before.
+    timelines = []
     x_all, y_all = (t.to(device) for t in dataset(args.samples, args.hidden))
     pp = model = opt = params = state = hold = stage = None
 
@@ -404,6 +407,8 @@ def main(argv=None):
         """The model, optimizer and State of this rank's mesh position (on a
         spare: once a failure gave it one)."""
         nonlocal pp, model, opt, params, state, hold, stage
+        if args.timeline and not timelines:
+            timelines.append(strata.timeline.Timeline(args.timeline, world=world))
         if joiner and args.joiner_dies and not os.path.exists(args.joiner_dies):
             with open(args.joiner_dies, "w") as f:
                 f.write(str(os.getpid()))
@@ -535,10 +540,9 @@ def main(argv=None):
         n = sum(p.numel() for p in params)
         print(f"strata elastic example: {world.mesh!r}, {n:,} parameters on rank 0, "
               f"{args.steps} steps of {args.batch} samples", file=sys.stderr, flush=True)
-    timeline = strata.timeline.Timeline(args.timeline, world=world) if args.timeline else None
     result = elastic.run(train_step, build if deferred or args.spares else state, world, options,
                          steps=args.steps, on_world_changed=on_world_changed)
-    if timeline is not None:
+    for timeline in timelines:
         timeline.close()
     if args.report:
         write_report(args.report, launch.rank, world, state, result, params, model)

@@ -253,7 +253,7 @@ def supervise(restarts=0):
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) != _LEFT:
             os._exit(os.WEXITSTATUS(status))
         if os.WIFEXITED(status):  # it left the job: its replica was dropped
-            what = "left the job (its replica was dropped)"
+            what = "left the job (evicted, or its replica was dropped)"
         else:
             sig = os.WTERMSIG(status)
             if sig in forwarded:

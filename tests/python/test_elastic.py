@@ -314,7 +314,7 @@ def test_supervise_restarts_a_killed_rank_as_a_joiner():
 def test_supervise_restarts_a_rank_that_left_and_checks_restarts():
     p = _supervised("if not joining: os._exit(elastic._LEFT)", {}, restarts=1)
     assert p.returncode == 0 and p.stdout.count("child ") == 2, (p.stdout, p.stderr)
-    assert "left the job (its replica was dropped); starting a new one" in p.stderr
+    assert "left the job (evicted, or its replica was dropped); starting a new one" in p.stderr
     p = _supervised("os._exit(elastic._LEFT)", {}, restarts=0)
     assert p.returncode == 0 and p.stdout.count("child ") == 1, (p.stdout, p.stderr)
     with pytest.raises(strata.ElasticError, match="restarts must be an int >= 0, got -1"):
