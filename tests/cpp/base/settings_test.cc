@@ -133,8 +133,13 @@ TEST(Settings, EveryRowIsComplete) {
     EXPECT_NE(std::string(info.meaning), "") << name;
     EXPECT_TRUE(absl::StartsWith(info.doc, "docs/") && absl::EndsWith(info.doc, ".md")) << name;
     EXPECT_EQ(info.type == SettingType::kChoice, std::string(info.choices) != "") << name;
-    // Each row has its own field: setting it alone changes one listed value.
-    const std::string text = info.type == SettingType::kBool     ? "0"
+    // Each row has its own field: setting it alone changes one listed value
+    // (a boolean to the opposite of its default).
+    std::string default_value;
+    for (const SettingValue& v : Read({}).List()) {
+      if (std::string(v.info.name) == name) default_value = v.default_value;
+    }
+    const std::string text = info.type == SettingType::kBool ? (default_value == "1" ? "0" : "1")
                              : info.type == SettingType::kChoice ? "none"
                                                                  : "/x";
     int changed = 0;
