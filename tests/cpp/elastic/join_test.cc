@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "elastic/internal/keys.h"
+#include "reference_model.h"
 #include "strata/base/status.h"
 #include "strata/elastic/elastic_loop.h"
 #include "strata/parallel/world.h"
@@ -34,35 +35,15 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr int kParams = 4;
-constexpr int kGlobalBatch = 12;
-constexpr double kLr = 0.01;
-
-double Grad(int64_t sample, int p) { return static_cast<double>((sample * 7 + p * 3) % 11) - 5.0; }
-
-std::vector<double> Reference(int64_t steps) {
-  std::vector<double> params(kParams, 1.0);
-  for (int64_t s = 0; s < steps; ++s) {
-    for (int p = 0; p < kParams; ++p) {
-      double g = 0;
-      for (int i = 0; i < kGlobalBatch; ++i) g += Grad(s * kGlobalBatch + i, p);
-      params[p] -= kLr * g / kGlobalBatch;
-    }
-  }
-  return params;
-}
+using testing::Grad;
+using testing::kGlobalBatch;
+using testing::kLr;
+using testing::kParams;
+using testing::Reference;
 
 ElasticOptions TestOptions(const std::string& config = "model-a") {
-  ElasticOptions o;
-  o.heartbeat_interval = absl::Milliseconds(50);
-  o.heartbeat_timeout = absl::Milliseconds(600);
-  o.settle_timeout = absl::Seconds(3);
-  o.decision_timeout = absl::Seconds(10);
-  o.rebuild_timeout = absl::Seconds(20);
-  o.commit_timeout = absl::Seconds(30);
+  ElasticOptions o = testing::ThreadRankOptions();
   o.join_timeout = absl::Seconds(30);
-  o.probe_processes = false;  // ranks are threads of this process
-  o.leave = LeavePolicy::kReturn;
   o.config = config;
   return o;
 }
@@ -295,16 +276,13 @@ TEST(ElasticJoinTest, AJoinerThatAsksDuringARecoveryIsTakenInByIt) {
   std::vector<Result> results(5);
   std::vector<std::thread> threads;
   for (int r = 0; r < 4; ++r) {
-    threads.emplace_back([&, r] {
-      results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, -1, TestOptions());
-    });
+    threads.emplace_back(
+        [&, r] { results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, -1, TestOptions()); });
   }
   threads.emplace_back([&] {
     results[4] = RunJoiner(
         store, 10,
-        [&] {
-          return store->Get(internal::Keys("default", 1).Alarm(), absl::InfinitePast()).ok();
-        },
+        [&] { return store->Get(internal::Keys("default", 1).Alarm(), absl::InfinitePast()).ok(); },
         TestOptions());
   });
   for (std::thread& t : threads) t.join();

@@ -30,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "elastic/internal/keys.h"
+#include "reference_model.h"
 #include "strata/base/status.h"
 #include "strata/elastic/elastic_loop.h"
 #include "strata/parallel/world.h"
@@ -39,37 +40,13 @@ namespace {
 
 using ::testing::ElementsAre;
 
-constexpr int kParams = 4;
-constexpr int kGlobalBatch = 12;
-constexpr double kLr = 0.01;
+using testing::Grad;
+using testing::kGlobalBatch;
+using testing::kLr;
+using testing::kParams;
+using testing::Reference;
 
-// The gradient of sample i: deterministic, exact in double.
-double Grad(int64_t sample, int p) { return static_cast<double>((sample * 7 + p * 3) % 11) - 5.0; }
-
-std::vector<double> Reference(int64_t steps) {
-  std::vector<double> params(kParams, 1.0);
-  for (int64_t s = 0; s < steps; ++s) {
-    for (int p = 0; p < kParams; ++p) {
-      double g = 0;
-      for (int i = 0; i < kGlobalBatch; ++i) g += Grad(s * kGlobalBatch + i, p);
-      params[p] -= kLr * g / kGlobalBatch;
-    }
-  }
-  return params;
-}
-
-ElasticOptions TestOptions() {
-  ElasticOptions o;
-  o.heartbeat_interval = absl::Milliseconds(50);
-  o.heartbeat_timeout = absl::Milliseconds(600);
-  o.settle_timeout = absl::Seconds(3);
-  o.decision_timeout = absl::Seconds(10);
-  o.rebuild_timeout = absl::Seconds(20);
-  o.commit_timeout = absl::Seconds(30);
-  o.probe_processes = false;       // ranks are threads of this process
-  o.leave = LeavePolicy::kReturn;  // kExit would end the whole test process
-  return o;
-}
+ElasticOptions TestOptions() { return testing::ThreadRankOptions(); }
 
 // kCut: at its step the rank loses the store (a network partition between
 // it and the store's host; the ranks cut at the same step are one
