@@ -193,6 +193,33 @@ def run_and_kill(launcher, np, example_args, out, rank, after_steps, rng, timeou
     return job, killed_at, rc
 
 
+def check_survivors(job, ranks, steps, lr, batch, reference):
+    """The checks every example job with a membership change ends with: each
+    of ``ranks`` (report keys) committed ``steps`` steps, with the
+    scheduler's epoch, learning rate (the example's warm-up) and sampler
+    position that makes and the record of every step; the parameters are
+    bitwise equal across replicas (per tp rank); the final model equals
+    ``reference`` (a one-process run's, the global batch being kept)."""
+    import math
+    from strata import checkpoint
+    reports = job.reports()
+    by_tp = {}
+    for r in ranks:
+        rep = reports[r]
+        by_tp.setdefault(rep["coords"]["tp"], set()).add(rep["param_hash"])
+        assert rep["steps"] == steps and rep["scheduler_epoch"] == steps, r
+        assert math.isclose(rep["lr"], lr * min(1.0, (steps + 1) / 10)), rep["lr"]
+        assert rep["sampler_position"] == steps * batch, r
+        assert [s[0] for s in rep["trained_samples"]] == list(range(steps)), r
+    assert all(len(h) == 1 for h in by_tp.values()), by_tp
+    final = checkpoint.load(os.path.join(job.report, "final"))["model"]
+    assert sorted(final) == sorted(reference)
+    for name in reference:
+        a, b = final[name], reference[name]
+        assert a.shape == b.shape, name
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item()), name
+
+
 def rank_environ(pid):
     """The environment a rank's process started with (/proc/<pid>/environ)."""
     with open(f"/proc/{pid}/environ", "rb") as f:

@@ -31,7 +31,6 @@ reference on the same global batches (the global batch is kept through
 every change of dp).
 """
 
-import math
 import os
 import random
 import signal
@@ -120,28 +119,13 @@ def test_a_restarted_rank_joins_and_dp_grows_back(reference, tmp_path):
     steps = [x for x in job.lines if x.get("event") == "step"]
     print(f"join lines: {lines}", flush=True)
 
-    by_tp = {}
-    for r in range(NP):
-        rep = reports[r]
-        by_tp.setdefault(rep["coords"]["tp"], set()).add(rep["param_hash"])
-        assert rep["steps"] == STEPS and rep["scheduler_epoch"] == STEPS, r
-        assert math.isclose(rep["lr"], LR * min(1.0, (STEPS + 1) / 10)), rep["lr"]
-        assert rep["sampler_position"] == STEPS * BATCH, r
-        assert [s[0] for s in rep["trained_samples"]] == list(range(STEPS)), r
-    assert all(len(h) == 1 for h in by_tp.values()), by_tp
+    D.check_survivors(job, range(NP), STEPS, LR, BATCH, reference)
     assert len(steps) >= STEPS
     # The loss curve: every step's, against the reference's.
     losses = {x["step"]: x["loss"] for x in steps}
     assert sorted(losses) == sorted(reference_losses), (sorted(losses), sorted(reference_losses))
     for n, want in reference_losses.items():
         assert abs(losses[n] - want) <= 1e-4 * max(1.0, abs(want)), (n, losses[n], want)
-
-    final = checkpoint.load(os.path.join(job.report, "final"))["model"]
-    assert sorted(final) == sorted(reference)
-    for name in reference:
-        a, b = final[name], reference[name]
-        assert a.shape == b.shape, name
-        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item()), name
 
 
 if __name__ == "__main__":

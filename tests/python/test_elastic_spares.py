@@ -20,7 +20,6 @@ Checked:
   updates is the same).
 """
 
-import math
 import os
 import random
 import signal
@@ -90,22 +89,7 @@ def test_a_spare_takes_the_killed_ranks_place(reference, tmp_path):
     print(f"kill -> first step at full dp: {line['first_step_s']:.3f} s "
           f"(killed at {killed_at:.3f})", flush=True)
 
-    by_tp = {}
-    for r in members:
-        rep = reports[r]
-        by_tp.setdefault(rep["coords"]["tp"], set()).add(rep["param_hash"])
-        assert rep["steps"] == STEPS and rep["scheduler_epoch"] == STEPS, r
-        assert math.isclose(rep["lr"], LR * min(1.0, (STEPS + 1) / 10)), rep["lr"]
-        assert rep["sampler_position"] == STEPS * 48, r
-        assert [s[0] for s in rep["trained_samples"]] == list(range(STEPS)), r
-    assert all(len(h) == 1 for h in by_tp.values()), by_tp
-
-    final = checkpoint.load(os.path.join(job.report, "final"))["model"]
-    assert sorted(final) == sorted(reference)
-    for name in reference:
-        a, b = final[name], reference[name]
-        assert a.shape == b.shape, name
-        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item()), name
+    D.check_survivors(job, members, STEPS, LR, 48, reference)
 
 
 if __name__ == "__main__":
