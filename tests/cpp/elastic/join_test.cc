@@ -224,22 +224,32 @@ Result RunJoiner(const std::shared_ptr<Store>& store, int64_t steps,
   return out;
 }
 
+// Runs `members` member threads (member(r)) and one joiner thread
+// (joiner()) to the end; results[r] for the members, results[members] for
+// the joiner.
+std::vector<Result> RunAll(int members, const std::function<Result(int)>& member,
+                           const std::function<Result()>& joiner) {
+  std::vector<Result> results(static_cast<size_t>(members) + 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < members; ++r) {
+    threads.emplace_back([&, r] { results[r] = member(r); });
+  }
+  threads.emplace_back([&] { results[members] = joiner(); });
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
 TEST(ElasticJoinTest, AJoinerGrowsDpBackAndTrainsToTheReference) {
   // dp4: rank 3 dies at step 2 (dp3); a joiner asks once the members are
   // at step 5, is admitted there, completes a fourth replica (dp4 again)
   // and receives its parameters; all four end on the reference.
   auto store = MakeMemoryStore();
-  std::vector<Result> results(5);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back(
-        [&, r] { results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, 5, TestOptions()); });
-  }
-  threads.emplace_back([&] {
-    results[4] = RunJoiner(
-        store, 10, [&] { return Decided(*store, 1); }, TestOptions());
-  });
-  for (std::thread& t : threads) t.join();
+  std::vector<Result> results = RunAll(
+      4, [&](int r) { return RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, 5, TestOptions()); },
+      [&] {
+        return RunJoiner(
+            store, 10, [&] { return Decided(*store, 1); }, TestOptions());
+      });
   for (int r : {0, 1, 2, 4}) {
     const Result& res = results[r];
     ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
@@ -273,19 +283,16 @@ TEST(ElasticJoinTest, AJoinerThatAsksDuringARecoveryIsTakenInByIt) {
   // a new one in the same decision, so dp never drops below 4. (Were the
   // joiner slower, the next step boundary would take it in.)
   auto store = MakeMemoryStore();
-  std::vector<Result> results(5);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back(
-        [&, r] { results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, -1, TestOptions()); });
-  }
-  threads.emplace_back([&] {
-    results[4] = RunJoiner(
-        store, 10,
-        [&] { return store->Get(internal::Keys("default", 1).Alarm(), absl::InfinitePast()).ok(); },
-        TestOptions());
-  });
-  for (std::thread& t : threads) t.join();
+  std::vector<Result> results = RunAll(
+      4, [&](int r) { return RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, -1, TestOptions()); },
+      [&] {
+        return RunJoiner(
+            store, 10,
+            [&] {
+              return store->Get(internal::Keys("default", 1).Alarm(), absl::InfinitePast()).ok();
+            },
+            TestOptions());
+      });
   for (int r : {0, 1, 2, 4}) {
     const Result& res = results[r];
     ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
@@ -310,17 +317,12 @@ TEST(ElasticJoinTest, AJoinerStandsByWhenDpIsFullThenTakesAFailedPlace) {
   // dp2 x tp2 and nothing lost: the joiner (job rank 4) becomes a spare at
   // step 3; rank 1 dies at step 6 and the spare takes its place (dp stays).
   auto store = MakeMemoryStore();
-  std::vector<Result> results(5);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back(
-        [&, r] { results[r] = RunMember(store, r, 4, 2, 10, r == 1 ? 6 : -1, 3, TestOptions()); });
-  }
-  threads.emplace_back([&] {
-    results[4] = RunJoiner(
-        store, 10, [] { return true; }, TestOptions());
-  });
-  for (std::thread& t : threads) t.join();
+  std::vector<Result> results = RunAll(
+      4, [&](int r) { return RunMember(store, r, 4, 2, 10, r == 1 ? 6 : -1, 3, TestOptions()); },
+      [&] {
+        return RunJoiner(
+            store, 10, [] { return true; }, TestOptions());
+      });
   for (int r : {0, 2, 3, 4}) {
     const Result& res = results[r];
     ASSERT_TRUE(res.status.ok()) << "rank " << r << ": " << res.status;
@@ -383,17 +385,12 @@ TEST(ElasticJoinTest, AJoinerThatDiesBeforeItsStateArrivesIsDroppedAgain) {
   // at step 5 and dies at once: the members' broadcast of its state fails,
   // they recover again without it (dp3) and end on the reference.
   auto store = MakeMemoryStore();
-  std::vector<Result> results(5);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r) {
-    threads.emplace_back(
-        [&, r] { results[r] = RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, 5, TestOptions()); });
-  }
-  threads.emplace_back([&] {
-    results[4] = RunJoiner(
-        store, 10, [&] { return Decided(*store, 1); }, TestOptions(), /*die=*/true);
-  });
-  for (std::thread& t : threads) t.join();
+  std::vector<Result> results = RunAll(
+      4, [&](int r) { return RunMember(store, r, 4, 1, 10, r == 3 ? 2 : -1, 5, TestOptions()); },
+      [&] {
+        return RunJoiner(
+            store, 10, [&] { return Decided(*store, 1); }, TestOptions(), /*die=*/true);
+      });
   EXPECT_EQ(results[4].status.code(), absl::StatusCode::kCancelled) << results[4].status;
   for (int r : {0, 1, 2}) {
     const Result& res = results[r];
