@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -164,6 +165,10 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;
   int split_seq_ = 0;
   std::atomic<bool> closed_{false};
+  // Closes the connections (CloseConnections); joined by the destructor,
+  // before the buffers the connections may still write are freed.
+  std::mutex closer_mu_;
+  std::thread closer_;
   // Abort() calls so far: a Shrink in progress gives up when another comes
   // (a survivor died during it; the caller starts again without it) rather
   // than wait for the dead rank's keys until its deadline.
