@@ -192,21 +192,6 @@ absl::Status WorldState::CreateInto(const std::shared_ptr<Communicator>& root_ow
                                     Agreement agreement, Groups* groups) const {
   Communicator& root = *root_owner;
   STRATA_ASSIGN_OR_RETURN(RankGroups members, GroupsOf(mesh, name));
-  // One group of every rank, in the root's order (dp when every other axis
-  // is 1): the root itself, under this name. No collective either; a split
-  // would connect every pair again (20-40 ms for 4 Gloo ranks on a loaded
-  // host, in every regroup).
-  if (members.num_groups() == 1 && members.group_size() == root.size()) {
-    absl::Span<const int> all = members.group(0);
-    bool in_order = true;
-    for (int r = 0; r < root.size() && in_order; ++r) in_order = all[static_cast<size_t>(r)] == r;
-    if (in_order) {
-      groups->push_back({name.canonical,
-                         std::make_shared<NamedCommunicator>(root_owner, name.canonical),
-                         root_owner});
-      return absl::OkStatus();
-    }
-  }
   // The same members as a group that exists: share its communicator. Every
   // rank decides alike (the mesh is the same everywhere), so no collective.
   for (const Entry& e : *groups) {
@@ -221,6 +206,26 @@ absl::Status WorldState::CreateInto(const std::shared_ptr<Communicator>& root_ow
   }
   if (agreement == Agreement::kCheck) {
     STRATA_RETURN_IF_ERROR(AgreeOnGroup(root, name.canonical, generation, timeouts_.creation));
+  }
+  // One group of every rank, in the root's order (dp when every other axis
+  // is 1): the root itself, under this name. A split would connect every
+  // pair again (20-40 ms for 4 Gloo ranks on a loaded host, at creation
+  // and in every regroup). The root must be usable, as a split would
+  // find.
+  if (members.num_groups() == 1 && members.group_size() == root.size()) {
+    absl::Span<const int> all = members.group(0);
+    bool in_order = true;
+    for (int r = 0; r < root.size() && in_order; ++r) in_order = all[static_cast<size_t>(r)] == r;
+    if (in_order) {
+      if (absl::Status usable = root.AsyncError(); !usable.ok()) {
+        return Annotate(usable, absl::StrCat("creating group '", name.canonical,
+                                             "' (world generation ", generation, ")"));
+      }
+      groups->push_back({name.canonical,
+                         std::make_shared<NamedCommunicator>(root_owner, name.canonical),
+                         root_owner});
+      return absl::OkStatus();
+    }
   }
   // This rank's group and position in it: the split's color and key.
   const int rank = root.rank();
