@@ -299,10 +299,12 @@ class DataParallel(torch.nn.Module):
 
     def _adopt_layout(self, state):
         """Takes a member's bucket order (from _layout_state), as if this
-        rank had run the same first backward; no collective."""
+        rank had run the same first backward; no collective. Gradients held
+        are discarded (a newcomer has none): its buffers are reused."""
         order, final = state
         r = self._reducer
-        r.set_layout(Layout(r.entries, list(order), r.opts.bucket_bytes, r.layout.pad))
+        r.set_layout(Layout(r.entries, list(order), r.opts.bucket_bytes, r.layout.pad),
+                     discard_grads=True)
         r.final = final
 
     # ---- inspection ----------------------------------------------------------

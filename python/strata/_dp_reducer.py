@@ -182,12 +182,23 @@ class Reducer:
     def pad(self):
         return self.layout.pad
 
-    def _alloc(self, old):
+    def _alloc(self, old, discard_grads=False):
         """Buffers for self.layout; gradients (and ZeRO-1 parameters) copied
-        from the previous layout's (``old``) or from the parameters."""
+        from the previous layout's (``old``) or from the parameters. With
+        ``discard_grads`` (no ZeRO-1), the gradient buffers of the same
+        sizes are zeroed and reused instead."""
         lay = self.layout
-        grad = {d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
         zero = self.zero is not None
+        reuse = discard_grads and not zero and lay.sizes.keys() == self.grad.keys() and all(
+            self.grad[d].numel() == n for d, n in lay.sizes.items())
+        if reuse:
+            grad = self.grad
+            for buf in grad.values():
+                buf.zero_()
+            for e in self.entries:
+                e.param.grad = None
+        else:
+            grad = {d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
         param = ({d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
                  if zero else {})
         shard = ({d: torch.zeros(n, dtype=d, device=self.device)
@@ -463,15 +474,16 @@ class Reducer:
         raise BucketMismatchError(f"{self.who}: the ranks of group '{self.group.name}' "
                                   "computed different gradient buckets")
 
-    def set_layout(self, layout, keep=True):
+    def set_layout(self, layout, keep=True, discard_grads=False):
         """Moves the buffers to ``layout`` (gradients and ZeRO-1 parameters
-        copied over) and tells the attached optimizer."""
+        copied over, or with ``discard_grads`` zeroed) and tells the attached
+        optimizer."""
         old = self.layout
         if layout.describe() == old.describe() and layout.pad == old.pad:
             return
         self.drain()
         self.layout = layout
-        self._alloc(old)
+        self._alloc(old, discard_grads)
         self._reset_pass()
         opt = self.zero() if self.zero is not None else None
         if opt is not None:

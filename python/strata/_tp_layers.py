@@ -150,10 +150,20 @@ def _divisible(what, value, n, layer):
                               f"size {n}")
 
 
+def _receiving():
+    """Whether this layer's values will be overwritten by a member's (it is
+    made by a placed spare or a joiner, strata.elastic.receiving_state)."""
+    from ._elastic_transfer import receiving_state
+    return receiving_state()
+
+
 def _linear_init(out_features, in_features, bias):
     """The unsharded weight and bias as torch.nn.Linear(in, out) draws them
-    on the CPU: kaiming_uniform_(a=sqrt(5)) then U(-1/sqrt(in), 1/sqrt(in))."""
+    on the CPU: kaiming_uniform_(a=sqrt(5)) then U(-1/sqrt(in), 1/sqrt(in)).
+    Not drawn (left uninitialised) where a member's values will arrive."""
     w = torch.empty(out_features, in_features)
+    if _receiving():
+        return w, torch.empty(out_features) if bias else None
     torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
     b = None
     if bias:
@@ -390,7 +400,8 @@ class VocabParallelEmbedding(torch.nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.sequence_parallel = sequence_parallel
         full = torch.empty(num_embeddings, embedding_dim)
-        torch.nn.init.normal_(full)  # as torch.nn.Embedding
+        if not _receiving():
+            torch.nn.init.normal_(full)  # as torch.nn.Embedding
         local = num_embeddings // n
         self.vocab_start = C.rank_of(self.group) * local
         self.vocab_end = self.vocab_start + local

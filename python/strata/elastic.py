@@ -65,6 +65,7 @@ from . import _strata
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
+from ._elastic_transfer import receiving_state
 from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _store_for,  # noqa: F401
                               _supervised,
                               shutdown, supervise)
@@ -82,6 +83,7 @@ __all__ = [
     "ElasticSampler",
     "Result",
     "shutdown",
+    "receiving_state",
 ]
 
 
@@ -471,12 +473,25 @@ class Controller:
             if kind == "leave":
                 return self._leave(event)
         from ._data_parallel import deferred_sync
-        with deferred_sync():  # its layers get their state from a member below
-            if build is not None:
-                self.attach(build(self.world))
-            elif self.state is None:
-                self.attach(State())
-        self._share_state(event)
+        from ._elastic_transfer import Prefetch, Receiving
+        # Its state arrives while it builds its models (a thread receives
+        # what comes before the models' tensors, then those into the built
+        # models); strata's layers leave their weights uninitialised then.
+        plan = self._transfer_plan(event)
+        arriving = None
+        if plan is not None and plan[0].rank in plan[2]:
+            arriving = Prefetch(plan[0], plan[1])
+        try:
+            with deferred_sync(), Receiving():
+                if build is not None:
+                    self.attach(build(self.world))
+                elif self.state is None:
+                    self.attach(State())
+        except BaseException:
+            if arriving is not None:
+                arriving.built([])  # the thread receives the rest into new tensors
+            raise
+        self._share_state(event, arriving)
         self._spare_regroup(event)
         return self._restored("replica", {})
 
@@ -492,52 +507,69 @@ class Controller:
                 f"{[s for _, s in event['replaced']] + event.get('grown', [])}; spares and "
                 "joiners take the state of their place from a member, not from a checkpoint")
 
-    def _share_state(self, event):
+    def _transfer_plan(self, event):
+        """(dp group, the rank that sends, the ranks that receive) when this
+        rank's data-parallel group gained ranks in the regroup of ``event``
+        (placed spares, a grown replica), else None."""
+        placed = {pair[1] for pair in event.get("replaced") or []} | set(event.get("grown") or [])
+        if not placed:
+            return None
+        members = event["members"]
+        jobs = [members[r] for r in self.world.mesh.group_of(self.world.rank, "dp")]
+        newcomers = [i for i, j in enumerate(jobs) if j in placed]
+        if not newcomers:
+            return None
+        source = next(i for i, j in enumerate(jobs) if j not in placed)
+        return self.world.group("dp"), source, newcomers
+
+    def _share_state(self, event, arriving=None):
         """After a regroup that placed spares or grew a replica: in every
         data-parallel group that gained ranks, the group's first rank that
         was already a member sends its state (step, parameters and buffers,
         optimizer and scheduler states, sampler, user values) to each of
         them, which load it. Point to point: the other members of the group
-        neither send nor receive, and the other groups do nothing."""
-        placed = {pair[1] for pair in event.get("replaced") or []} | set(event.get("grown") or [])
-        if not placed:
-            return
-        import io
+        neither send nor receive, and the other groups do nothing.
+        ``arriving``: on a newcomer, the state already being received (a
+        Prefetch started before its State was built)."""
         import torch
-        members = event["members"]
-        group = self.world.mesh.group_of(self.world.rank, "dp")
-        jobs = [members[r] for r in group]
-        newcomers = [i for i, j in enumerate(jobs) if j in placed]
-        if not newcomers:
+        from ._elastic_transfer import recv_state, send_state
+        plan = self._transfer_plan(event)
+        if plan is None:
             return
-        source = next(i for i, j in enumerate(jobs) if j not in placed)
-        dp = self.world.group("dp")
+        dp, source, newcomers = plan
         st = self.state
         if dp.rank == source:
-            buf = io.BytesIO()
-            torch.save({"step": st.step, "values": st._values,
-                        "layouts": [layer._layout_state() for layer in self._dp_layers()],
-                        "models": [m.state_dict() for m in st.models],
-                        "optimizers": [o.state_dict() for o in st.optimizers],
-                        "schedulers": [x.state_dict() for x in st.schedulers],
-                        "sampler": None if st.sampler is None else st.sampler.state_dict()}, buf)
-            data = torch.frombuffer(buf.getbuffer(), dtype=torch.uint8)
-            size = torch.tensor([data.numel()], dtype=torch.int64)
-            for i in newcomers:
-                dp.send(size, i)
-                dp.send(data, i)
+            # The models last: a newcomer receives the rest while it builds.
+            send_state(dp, newcomers, {
+                "step": st.step, "values": st._values,
+                "layouts": [layer._layout_state() for layer in self._dp_layers()],
+                "optimizers": [o.state_dict() for o in st.optimizers],
+                "schedulers": [x.state_dict() for x in st.schedulers],
+                "sampler": None if st.sampler is None else st.sampler.state_dict(),
+                "buffers": [_unsaved_buffers(m) for m in st.models],
+                "models": [m.state_dict() for m in st.models]})
             return
         if dp.rank not in newcomers:
             return
-        size = torch.empty(1, dtype=torch.int64)
-        dp.recv(size, source)
-        data = torch.empty(int(size[0]), dtype=torch.uint8)
-        dp.recv(data, source)
-        got = torch.load(io.BytesIO(data.numpy()), weights_only=False)
+        own = [m.state_dict() for m in st.models]  # the models' tensors arrive in these
+        if arriving is not None:
+            arriving.built(own)
+            got = arriving.result()
+        else:
+            got = recv_state(dp, source, own)
         st.step = int(got["step"])
         st._values.update(got["values"])
-        for m, sd in zip(st.models, got["models"]):
-            m.load_state_dict(sd)
+        for m, sd, extra in zip(st.models, got["models"], got["buffers"]):
+            m.load_state_dict(sd)  # what arrived in place is not copied again
+            mine = _unsaved_buffers(m)
+            if mine.keys() != extra.keys():
+                raise ElasticError(
+                    f"rank {self.world.rank}: the model built for its place has the buffers "
+                    f"{sorted(mine)} outside its state_dict, the member's {sorted(extra)}: "
+                    "build(world) must make the same model on every rank")
+            with torch.no_grad():
+                for name, b in mine.items():
+                    b.copy_(extra[name])
         for o, sd in zip(st.optimizers, got["optimizers"]):
             o.load_state_dict(sd)
         for x, sd in zip(st.schedulers, got["schedulers"]):
@@ -635,6 +667,13 @@ class Controller:
         directory, self._store_dir = self._store_dir, None
         _release_store(self._store, directory, self.options.job, self._job_ranks,
                        membership["epoch"], rank, self.options.heartbeat_timeout)
+
+
+def _unsaved_buffers(module):
+    """{name: buffer} of ``module``'s buffers left out of its state_dict
+    (registered with persistent=False)."""
+    saved = module.state_dict(keep_vars=True).keys()
+    return {n: b for n, b in module.named_buffers() if n not in saved}
 
 
 def _warm_up():
