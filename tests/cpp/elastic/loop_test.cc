@@ -122,6 +122,19 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
   std::vector<RankResult> results(n);
   std::atomic<bool> survivors_done{false};
   std::atomic<int64_t> progress{0};  // the latest step a member began
+  // Spares that die stop first, then the members that die in the same step
+  // (or later): "together" means in one agreement. Else, on a loaded host,
+  // a member's death could be agreed on before the spare saw its step
+  // begin, and the spare would still check in (ASpareThatDiesIsNotPlaced
+  // failed so once).
+  std::atomic<int> spares_down{0};
+  auto spares_dying_by = [&](int64_t step) {
+    int count = 0;
+    for (const auto& [rank, fate] : fates) {
+      count += rank >= n - spares && fate.first == Fate::kDie && fate.second <= step;
+    }
+    return count;
+  };
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
@@ -247,7 +260,15 @@ std::vector<RankResult> Train(int n, int tp, int64_t steps,
             return;
           }
         }
+        if (fate.first == Fate::kDie && !(*world)->is_spare()) {
+          const absl::Time patience = absl::Now() + absl::Seconds(10);
+          while (spares_down.load() < spares_dying_by(fate.second) && absl::Now() < patience) {
+            absl::SleepFor(absl::Milliseconds(1));
+          }
+        }
+        const bool spare = (*world)->is_spare();
         loop->reset();  // its monitor stops: no more heartbeats
+        if (spare) spares_down.fetch_add(1);
         if (fate.first == Fate::kDie) {
           (*world)->AbortAll();  // its connections close, as when the process dies
         } else {
