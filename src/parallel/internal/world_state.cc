@@ -187,10 +187,9 @@ std::vector<std::string> WorldState::GroupNames() const {
   return out;
 }
 
-absl::Status WorldState::CreateInto(const std::shared_ptr<Communicator>& root_owner,
-                                    const Mesh& mesh, uint64_t generation, const GroupName& name,
-                                    Agreement agreement, Groups* groups) const {
-  Communicator& root = *root_owner;
+absl::Status WorldState::CreateInto(Communicator& root, const Mesh& mesh, uint64_t generation,
+                                    const GroupName& name, Agreement agreement,
+                                    Groups* groups) const {
   STRATA_ASSIGN_OR_RETURN(RankGroups members, GroupsOf(mesh, name));
   // The same members as a group that exists: share its communicator. Every
   // rank decides alike (the mesh is the same everywhere), so no collective.
@@ -206,26 +205,6 @@ absl::Status WorldState::CreateInto(const std::shared_ptr<Communicator>& root_ow
   }
   if (agreement == Agreement::kCheck) {
     STRATA_RETURN_IF_ERROR(AgreeOnGroup(root, name.canonical, generation, timeouts_.creation));
-  }
-  // One group of every rank, in the root's order (dp when every other axis
-  // is 1): the root itself, under this name. A split would connect every
-  // pair again (20-40 ms for 4 Gloo ranks on a loaded host, at creation
-  // and in every regroup). The root must be usable, as a split would
-  // find.
-  if (members.num_groups() == 1 && members.group_size() == root.size()) {
-    absl::Span<const int> all = members.group(0);
-    bool in_order = true;
-    for (int r = 0; r < root.size() && in_order; ++r) in_order = all[static_cast<size_t>(r)] == r;
-    if (in_order) {
-      if (absl::Status usable = root.AsyncError(); !usable.ok()) {
-        return Annotate(usable, absl::StrCat("creating group '", name.canonical,
-                                             "' (world generation ", generation, ")"));
-      }
-      groups->push_back({name.canonical,
-                         std::make_shared<NamedCommunicator>(root_owner, name.canonical),
-                         root_owner});
-      return absl::OkStatus();
-    }
   }
   // This rank's group and position in it: the split's color and key.
   const int rank = root.rank();
@@ -266,7 +245,8 @@ absl::Status WorldState::CreateStandardGroups() {
   Groups groups;
   for (const char* requested : kStandardGroups) {
     STRATA_ASSIGN_OR_RETURN(GroupName name, ParseGroupName(requested));
-    STRATA_RETURN_IF_ERROR(CreateInto(root_, mesh_, generation(), name, Agreement::kNone, &groups));
+    STRATA_RETURN_IF_ERROR(
+        CreateInto(*root_, mesh_, generation(), name, Agreement::kNone, &groups));
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
   groups_ = std::move(groups);
@@ -308,7 +288,7 @@ absl::StatusOr<ResolvedGroup> WorldState::Get(const std::string& canonical) {
     groups = groups_;
     now = generation();
   }
-  STRATA_RETURN_IF_ERROR(CreateInto(root, mesh, now, name, Agreement::kCheck, &groups));
+  STRATA_RETURN_IF_ERROR(CreateInto(*root, mesh, now, name, Agreement::kCheck, &groups));
   std::unique_lock<std::shared_mutex> lock(mu_);
   // create_mu_ keeps Rebuild and Destroy out meanwhile.
   groups_.push_back(groups.back());
@@ -374,7 +354,7 @@ absl::Status WorldState::Rebuild(std::unique_ptr<Communicator> new_root, const M
     if (!made.ok() || root == nullptr) break;  // failed, or a spare: no group
     absl::StatusOr<GroupName> name = ParseGroupName(requested);
     STRATA_CHECK(name.ok(), name.status().ToString());
-    made = CreateInto(root, new_mesh, generation, *name, Agreement::kNone, &groups);
+    made = CreateInto(*root, new_mesh, generation, *name, Agreement::kNone, &groups);
     if (!made.ok()) break;
   }
   if (!made.ok()) {

@@ -100,12 +100,10 @@ class WorldState {
   };
   using Groups = std::vector<Entry>;
 
-  // Adds `name` to `groups`: an alias of `root` (one group of all its
-  // ranks, in order) or of an entry with the same members, or a split of
-  // `root` (after an agreement when `agreement` is kCheck).
-  absl::Status CreateInto(const std::shared_ptr<Communicator>& root, const Mesh& mesh,
-                          uint64_t generation, const GroupName& name, Agreement agreement,
-                          Groups* groups) const;
+  // Adds `name` to `groups`: an alias of an entry with the same members, or
+  // a split of `root` (after an agreement when `agreement` is kCheck).
+  absl::Status CreateInto(Communicator& root, const Mesh& mesh, uint64_t generation,
+                          const GroupName& name, Agreement agreement, Groups* groups) const;
   // OK, or why the world cannot be used (destroyed, failed rebuild); `what`
   // names the group asked for. Lock held.
   absl::Status Usable(absl::string_view what) const;
