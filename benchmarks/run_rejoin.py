@@ -16,13 +16,15 @@ SIGKILLed from outside at a random moment (0-1 s) after step 8
 
 The figures, from rank 0's step lines (each stamped on arrival by this
 driver): the normal step (median step interval before the kill); the
-longest step while the joiner loads (from the first step after the
-failure's recovery to the step before its admission: the survivors at dp3
-while a fifth process imports torch on the same 2 cores); the admission
-step (from the step before the admission to the first step after it: the
-agreement, the fresh job communicator, the new groups, the state broadcast
-to the joiner, and one step at dp4); and the time the joiner took from its
-restart to its admission. Ratios are to the normal step. It takes
+survivors' longest step while the joiner loads, the figure with the
+target: the longest of the two that follow; the longest step while the
+joiner starts (from the first step after the failure's recovery to the
+step before its admission: the survivors at dp3 while a fifth process
+imports torch on the same 2 cores); the admission step (from the step
+before the admission to the first step after it: the agreement, the fresh
+job communicator, the new groups, the state sent to the joiner while it
+builds its model, and one step at dp4); and the time the joiner took from
+its restart to its admission. Ratios are to the normal step. It takes
 /tmp/strata-mpirun.lock for each job.
 """
 
@@ -71,7 +73,8 @@ def run_job(seed):
             raise SystemExit(f"the joiner was admitted at once after the failure:\n{job.tail()}")
         admission = t[j] - t[j - 1]
         joiner_ready = rec[1]["cause"]["failed_at"] - killed_at
-        return {"normal_s": normal, "loading_max_s": max(loading),
+        return {"normal_s": normal, "longest_s": max(max(loading), admission),
+                "loading_max_s": max(loading),
                 "loading_steps": len(loading), "admission_s": admission,
                 "kill_to_admission_s": joiner_ready, "dp_after": joins[0]["dp"],
                 "agree_s": rec[1]["agree_s"], "rebuild_s": rec[1]["rebuild_s"],
@@ -98,9 +101,11 @@ def main():
     case = f"SIGKILL of rank {KILLED} after step {AFTER}, dp4 -> dp3 -> dp4, 4 CPU ranks (torchrun)"
     peer = "the survivors' normal step (before the kill)"
     rows = [
-        {"case": case, "metric": "survivors' longest step while the joiner loads", "unit": "s",
-         "strata": med("loading_max_s"), "peer": peer, "peer_value": med("normal_s"),
-         "target": "<= 2"},
+        {"case": case, "metric": "survivors' longest step while the joiner loads (starts, "
+         "is admitted, receives its state)", "unit": "s", "strata": med("longest_s"),
+         "peer": peer, "peer_value": med("normal_s"), "target": "<= 2"},
+        {"case": case, "metric": "survivors' longest step while the joiner starts", "unit": "s",
+         "strata": med("loading_max_s"), "peer": peer, "peer_value": med("normal_s")},
         {"case": case, "metric": "the admission step (regroup, state to the joiner, one step)",
          "unit": "s", "strata": med("admission_s"), "peer": peer,
          "peer_value": med("normal_s")},
