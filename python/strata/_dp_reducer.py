@@ -195,8 +195,6 @@ class Reducer:
             grad = self.grad
             for buf in grad.values():
                 buf.zero_()
-            for e in self.entries:
-                e.param.grad = None
         else:
             grad = {d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
         param = ({d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
@@ -208,7 +206,7 @@ class Reducer:
                 off = lay.offset[e.index]
                 view = grad[e.dtype][off:off + e.numel].view(e.shape)
                 g = e.param.grad
-                if g is not None:
+                if g is not None and not reuse:
                     view.copy_(g)
                 e.param.grad = view
                 self.views[e.index] = view

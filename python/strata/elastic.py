@@ -478,9 +478,11 @@ class Controller:
         # what comes before the models' tensors, then those into the built
         # models); strata's layers leave their weights uninitialised then.
         plan = self._transfer_plan(event)
-        arriving = None
-        if plan is not None and plan[0].rank in plan[2]:
-            arriving = Prefetch(plan[0], plan[1])
+        if plan is None:
+            raise ElasticError(f"rank {self.world.rank} was placed by epoch {event['epoch']}'s "
+                               "regroup, which names it neither a placed spare nor grown")
+        dp, source, _ = plan
+        arriving = Prefetch(dp, source)
         try:
             with deferred_sync(), Receiving():
                 if build is not None:
@@ -488,10 +490,10 @@ class Controller:
                 elif self.state is None:
                     self.attach(State())
         except BaseException:
-            if arriving is not None:
-                arriving.built([])  # the thread receives the rest into new tensors
+            arriving.built([])  # the thread receives the rest into new tensors
             raise
-        self._share_state(event, arriving)
+        arriving.built([m.state_dict() for m in self.state.models])
+        self._load_state(arriving.result())
         self._spare_regroup(event)
         return self._restored("replica", {})
 
@@ -522,41 +524,35 @@ class Controller:
         source = next(i for i, j in enumerate(jobs) if j not in placed)
         return self.world.group("dp"), source, newcomers
 
-    def _share_state(self, event, arriving=None):
-        """After a regroup that placed spares or grew a replica: in every
-        data-parallel group that gained ranks, the group's first rank that
-        was already a member sends its state (step, parameters and buffers,
-        optimizer and scheduler states, sampler, user values) to each of
-        them, which load it. Point to point: the other members of the group
-        neither send nor receive, and the other groups do nothing.
-        ``arriving``: on a newcomer, the state already being received (a
-        Prefetch started before its State was built)."""
-        import torch
-        from ._elastic_transfer import recv_state, send_state
+    def _share_state(self, event):
+        """After a regroup that placed spares or grew a replica, on a member:
+        in every data-parallel group that gained ranks, the group's first
+        rank that was already a member sends its state (step, parameters and
+        buffers, optimizer and scheduler states, sampler, user values) to
+        each of them (which receive it in :meth:`stand_by`). Point to point:
+        the other members of the group neither send nor receive, and the
+        other groups do nothing."""
+        from ._elastic_transfer import send_state
         plan = self._transfer_plan(event)
-        if plan is None:
+        if plan is None or plan[0].rank != plan[1]:
             return
-        dp, source, newcomers = plan
+        dp, _, newcomers = plan
         st = self.state
-        if dp.rank == source:
-            # The models last: a newcomer receives the rest while it builds.
-            send_state(dp, newcomers, {
-                "step": st.step, "values": st._values,
-                "layouts": [layer._layout_state() for layer in self._dp_layers()],
-                "optimizers": [o.state_dict() for o in st.optimizers],
-                "schedulers": [x.state_dict() for x in st.schedulers],
-                "sampler": None if st.sampler is None else st.sampler.state_dict(),
-                "buffers": [_unsaved_buffers(m) for m in st.models],
-                "models": [m.state_dict() for m in st.models]})
-            return
-        if dp.rank not in newcomers:
-            return
-        own = [m.state_dict() for m in st.models]  # the models' tensors arrive in these
-        if arriving is not None:
-            arriving.built(own)
-            got = arriving.result()
-        else:
-            got = recv_state(dp, source, own)
+        # The models last: a newcomer receives the rest while it builds.
+        send_state(dp, newcomers, {
+            "step": st.step, "values": st._values,
+            "layouts": [layer._layout_state() for layer in self._dp_layers()],
+            "optimizers": [o.state_dict() for o in st.optimizers],
+            "schedulers": [x.state_dict() for x in st.schedulers],
+            "sampler": None if st.sampler is None else st.sampler.state_dict(),
+            "buffers": [_unsaved_buffers(m) for m in st.models],
+            "models": [m.state_dict() for m in st.models]})
+
+    def _load_state(self, got):
+        """On a newcomer: loads what :meth:`_share_state` sent (the models'
+        tensors arrived in place already)."""
+        import torch
+        st = self.state
         st.step = int(got["step"])
         st._values.update(got["values"])
         for m, sd, extra in zip(st.models, got["models"], got["buffers"]):
