@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -75,6 +77,29 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
   const std::function<bool()> cancelled_;
 };
 
+// The device for `options` (an event-loop thread and an address), shared
+// by every root this process makes with the same plugin, interface and host
+// name while one of them lives. A regroup that takes in joiners makes a new
+// root; a device of its own would start a thread, and destroying the old
+// root's would wait for its loop to stop (up to 10 ms), on the path of the
+// regroup.
+absl::Status SharedDevice(GlooRuntime& runtime, const gloo_plugin::DeviceOptions& options,
+                          const std::string& what) {
+  // The plugin by its table: each load has an object of its own, one table.
+  using Key = std::tuple<const gloo_plugin::Api*, std::string, std::string>;
+  static std::mutex mu;
+  static auto* devices = new std::map<Key, std::weak_ptr<gloo_plugin::Device>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::weak_ptr<gloo_plugin::Device>& slot =
+      (*devices)[Key{&runtime.plugin->api(), options.iface, options.hostname}];
+  runtime.device = slot.lock();
+  if (runtime.device != nullptr) return absl::OkStatus();
+  STRATA_RETURN_IF_ERROR(
+      FromPlugin(runtime.plugin->api().create_device(options, &runtime.device), what));
+  slot = runtime.device;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
@@ -121,8 +146,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
     if (const char* env = std::getenv("GLOO_SOCKET_IFNAME"); env != nullptr) device.iface = env;
   }
   device.hostname = options.gloo.hostname;
-  STRATA_RETURN_IF_ERROR(
-      FromPlugin(runtime->plugin->api().create_device(device, &runtime->device), what));
+  STRATA_RETURN_IF_ERROR(SharedDevice(*runtime, device, what));
   // The k-th root of every rank: a counter per rank in the store.
   absl::StatusOr<int64_t> generation = store->Add(absl::StrCat("strata/roots/", rank), 1, deadline);
   if (!generation.ok()) return internal::Annotate(generation.status(), what);

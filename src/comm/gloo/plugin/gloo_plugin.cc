@@ -50,16 +50,23 @@
 #include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/loop.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -139,15 +146,96 @@ Error BySize(size_t elem, F&& f) {
   }
 }
 
+// Gloo's TCP event loop sleeps in epoll_wait for up to 10 ms at a time,
+// and a thread that takes a socket off it waits for the loop's next turn:
+// a pair that connects as the client gives up its listening socket that
+// way, and closing a pair does. Pair by pair, that made connecting a group
+// of 4 ranks take 7-25 ms and destroying a World's communicators 14 ms
+// (timestamps across the processes of benchmarks/run_rejoin.py), on the
+// path of every regroup. A LoopWaker is an eventfd on the device's loop;
+// while a Ticking lives, a thread writes to it every kTickEvery, so each
+// such wait ends within about that.
+constexpr std::chrono::microseconds kTickEvery{200};
+
+class LoopWaker final : public ::gloo::transport::tcp::Handler {
+ public:
+  explicit LoopWaker(std::shared_ptr<::gloo::transport::tcp::Device> device)
+      : device_(std::move(device)), fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
+    device_->registerDescriptor(fd_, EPOLLIN, this);
+  }
+  ~LoopWaker() override {
+    // Waits for one turn of the loop (at most 10 ms), once per device.
+    device_->unregisterDescriptor(fd_, this);
+    close(fd_);
+  }
+  LoopWaker(const LoopWaker&) = delete;
+  LoopWaker& operator=(const LoopWaker&) = delete;
+
+  // On the loop's thread.
+  void handleEvents(int /*events*/) override {
+    uint64_t count;
+    while (read(fd_, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count))) {
+    }
+  }
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(fd_, &one, sizeof(one));
+  }
+
+ private:
+  std::shared_ptr<::gloo::transport::tcp::Device> device_;
+  const int fd_;
+};
+
+// Keeps the loop of `waker` turning while it lives (see LoopWaker).
+class Ticking {
+ public:
+  explicit Ticking(LoopWaker* waker) {
+    if (waker == nullptr) return;
+    thread_ = std::thread([this, waker] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!done_) {
+        waker->Wake();
+        cv_.wait_for(lock, kTickEvery);
+      }
+    });
+  }
+  ~Ticking() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  Ticking(const Ticking&) = delete;
+  Ticking& operator=(const Ticking&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 class TcpDevice final : public Device {
  public:
   explicit TcpDevice(std::shared_ptr<::gloo::transport::Device> device)
-      : device_(std::move(device)) {}
+      : device_(std::move(device)) {
+    if (auto tcp = std::dynamic_pointer_cast<::gloo::transport::tcp::Device>(device_)) {
+      waker_ = std::make_shared<LoopWaker>(std::move(tcp));
+    }
+  }
   std::string Describe() const override { return device_->str(); }
   std::shared_ptr<::gloo::transport::Device>& get() { return device_; }
+  // Null when the device is not Gloo's TCP device.
+  const std::shared_ptr<LoopWaker>& waker() const { return waker_; }
 
  private:
   std::shared_ptr<::gloo::transport::Device> device_;
+  std::shared_ptr<LoopWaker> waker_;
 };
 
 // gloo::Context with the connections strata made (its members are
@@ -217,11 +305,22 @@ class GlooContext final : public Context {
  public:
   GlooContext(std::shared_ptr<MeshContext> ctx,
               std::shared_ptr<::gloo::transport::Context> transport,
-              std::unique_ptr<HostGroup> host, std::shared_ptr<HostP2P> p2p)
-      : ctx_(std::move(ctx)),
+              std::unique_ptr<HostGroup> host, std::shared_ptr<HostP2P> p2p,
+              std::shared_ptr<LoopWaker> waker)
+      : waker_(std::move(waker)),
+        ctx_(std::move(ctx)),
         transport_(std::move(transport)),
         host_(std::move(host)),
         p2p_(std::move(p2p)) {}
+
+  ~GlooContext() override {
+    // Pairs still connected close here, each taken off the event loop.
+    Ticking ticking(waker_.get());
+    p2p_.reset();
+    host_.reset();
+    ctx_.reset();
+    transport_.reset();
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -460,6 +559,7 @@ class GlooContext final : public Context {
   void CloseConnections() override {
     // Wakes the ranks waiting in a round or for a point-to-point message.
     if (host_ != nullptr) host_->Close();
+    Ticking ticking(waker_.get());  // each pair closes off the event loop
     static const SignalExceptionFn signal = FindSignalException();
     // tcp::Context derives from transport::Context first: same address.
     if (signal != nullptr &&
@@ -543,6 +643,7 @@ class GlooContext final : public Context {
     return true;
   }
 
+  std::shared_ptr<LoopWaker> waker_;  // destroyed last: the others use its loop
   std::shared_ptr<MeshContext> ctx_;
   std::shared_ptr<::gloo::transport::Context> transport_;
   // Host copies (null when the group does not use them; set before the
@@ -676,6 +777,9 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
     }
     const std::string name(column.c_str() + static_cast<size_t>(n - 1) * kColumnEntry);
     e = Guard("connect: connecting to the peers", [&] {
+      // A pair that connects as the client first takes its listening
+      // socket off the event loop.
+      Ticking ticking(tcp->waker().get());
       size_t k = 0;
       for (int j = 0; j < n; ++j) {
         if (j == me) continue;
@@ -707,7 +811,7 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   }
   const bool can_share = host != nullptr;
   auto context = std::make_unique<GlooContext>(std::move(ctx), std::move(transport),
-                                               std::move(host), std::move(p2p));
+                                               std::move(host), std::move(p2p), tcp->waker());
   // Every rank knows n, so all skip the agreement alike.
   if (n > 1 && n <= kOwnAlgorithmRanks) {
     e = context->AgreeHostCopy(can_share, options.timeout_ms);
