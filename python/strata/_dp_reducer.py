@@ -196,7 +196,12 @@ class Reducer:
             for buf in grad.values():
                 buf.zero_()
         else:
-            grad = {d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
+            # A newcomer's model, built while its state arrives: its buffers
+            # are zeroed when it adopts a member's layout (_adopt_layout),
+            # their pages touched then, while the parameters arrive.
+            from ._elastic_transfer import receiving_state
+            make = torch.empty if old is None and not zero and receiving_state() else torch.zeros
+            grad = {d: make(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
         param = ({d: torch.zeros(n, dtype=d, device=self.device) for d, n in lay.sizes.items()}
                  if zero else {})
         shard = ({d: torch.zeros(n, dtype=d, device=self.device)
@@ -206,7 +211,7 @@ class Reducer:
                 off = lay.offset[e.index]
                 view = grad[e.dtype][off:off + e.numel].view(e.shape)
                 g = e.param.grad
-                if g is not None and not reuse:
+                if g is not None and not discard_grads:
                     view.copy_(g)
                 e.param.grad = view
                 self.views[e.index] = view
@@ -478,6 +483,9 @@ class Reducer:
         optimizer."""
         old = self.layout
         if layout.describe() == old.describe() and layout.pad == old.pad:
+            if discard_grads:
+                for buf in self.grad.values():
+                    buf.zero_()
             return
         self.drain()
         self.layout = layout

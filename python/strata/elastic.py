@@ -481,8 +481,8 @@ class Controller:
         if plan is None:
             raise ElasticError(f"rank {self.world.rank} was placed by epoch {event['epoch']}'s "
                                "regroup, which names it neither a placed spare nor grown")
-        dp, source, _ = plan
-        arriving = Prefetch(dp, source)
+        dp, sources, _ = plan
+        arriving = Prefetch(dp, sources)
         try:
             with deferred_sync(), Receiving():
                 if build is not None:
@@ -493,6 +493,10 @@ class Controller:
             arriving.built([])  # the thread receives the rest into new tensors
             raise
         arriving.built([m.state_dict() for m in self.state.models])
+        # The gradient buffers take the member's bucket order (and are
+        # zeroed, their pages touched the first time) while the models'
+        # tensors arrive.
+        self._adopt_layouts(arriving.skeleton()["layouts"])
         self._load_state(arriving.result())
         self._spare_regroup(event)
         return self._restored("replica", {})
@@ -510,9 +514,10 @@ class Controller:
                 "joiners take the state of their place from a member, not from a checkpoint")
 
     def _transfer_plan(self, event):
-        """(dp group, the rank that sends, the ranks that receive) when this
+        """(dp group, the ranks that send, the ranks that receive) when this
         rank's data-parallel group gained ranks in the regroup of ``event``
-        (placed spares, a grown replica), else None."""
+        (placed spares, a grown replica), else None. Every member of the
+        group sends a share (their states are equal)."""
         placed = {pair[1] for pair in event.get("replaced") or []} | set(event.get("grown") or [])
         if not placed:
             return None
@@ -521,36 +526,46 @@ class Controller:
         newcomers = [i for i, j in enumerate(jobs) if j in placed]
         if not newcomers:
             return None
-        source = next(i for i, j in enumerate(jobs) if j not in placed)
-        return self.world.group("dp"), source, newcomers
+        sources = [i for i, j in enumerate(jobs) if j not in placed]
+        return self.world.group("dp"), sources, newcomers
 
     def _share_state(self, event):
         """After a regroup that placed spares or grew a replica, on a member:
-        in every data-parallel group that gained ranks, the group's first
-        rank that was already a member sends its state (step, parameters and
-        buffers, optimizer and scheduler states, sampler, user values) to
-        each of them (which receive it in :meth:`stand_by`). Point to point:
-        the other members of the group neither send nor receive, and the
-        other groups do nothing."""
+        in every data-parallel group that gained ranks, the members send
+        their state (step, parameters and buffers, optimizer and scheduler
+        states, sampler, user values) to each of them (which receive it in
+        :meth:`stand_by`), point to point: the group's first member sends
+        all but the parameters and optimizer states, which every member
+        holds alike and the members send in turn. The other groups do
+        nothing."""
+        import torch
         from ._elastic_transfer import send_state
         plan = self._transfer_plan(event)
-        if plan is None or plan[0].rank != plan[1]:
+        if plan is None or plan[0].rank not in plan[1]:
             return
-        dp, _, newcomers = plan
+        dp, sources, newcomers = plan
         st = self.state
+        # Equal on every member of the group (the invariant of data
+        # parallelism): the parameters and the optimizers' states, which
+        # the members send in turn.
+        shared = [p for m in st.models for p in m.parameters()] + [
+            t for o in st.optimizers for per_param in o.state.values()
+            for t in per_param.values() if isinstance(t, torch.Tensor)]
         # The models last: a newcomer receives the rest while it builds.
-        send_state(dp, newcomers, {
+        state = {
             "step": st.step, "values": st._values,
             "layouts": [layer._layout_state() for layer in self._dp_layers()],
             "optimizers": [o.state_dict() for o in st.optimizers],
             "schedulers": [x.state_dict() for x in st.schedulers],
             "sampler": None if st.sampler is None else st.sampler.state_dict(),
             "buffers": [_unsaved_buffers(m) for m in st.models],
-            "models": [m.state_dict() for m in st.models]})
+            "models": [m.state_dict() for m in st.models]}
+        send_state(dp, newcomers, state, part=sources.index(dp.rank), parts=len(sources),
+                   shared=shared)
 
     def _load_state(self, got):
         """On a newcomer: loads what :meth:`_share_state` sent (the models'
-        tensors arrived in place already)."""
+        tensors arrived in place already; the layouts were adopted)."""
         import torch
         st = self.state
         st.step = int(got["step"])
@@ -572,15 +587,19 @@ class Controller:
             x.load_state_dict(sd)
         if st.sampler is not None and got["sampler"] is not None:
             st.sampler.load_state_dict(got["sampler"])
+        st.commit()
+
+    def _adopt_layouts(self, layouts):
+        """On a newcomer: its strata.nn.DataParallel layers take the member's
+        bucket orders (sent by :meth:`_share_state`)."""
         layers = self._dp_layers()
-        if len(layers) != len(got["layouts"]):
+        if len(layers) != len(layouts):
             raise ElasticError(
                 f"rank {self.world.rank}: the State built for its place holds {len(layers)} "
-                f"strata.nn.DataParallel layer(s), the member's {len(got['layouts'])}: build(world) "
+                f"strata.nn.DataParallel layer(s), the member's {len(layouts)}: build(world) "
                 "must make the same model on every rank")
-        for layer, layout in zip(layers, got["layouts"]):
+        for layer, layout in zip(layers, layouts):
             layer._adopt_layout(layout)
-        st.commit()
 
     def _dp_layers(self):
         """The strata.nn.DataParallel layers of the State's models (or inside

@@ -379,3 +379,32 @@ def test_strata_optim_is_reachable_from_import_strata():
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["DistributedOptimizer", "DataParallel"], out.stderr
     assert importlib.import_module("strata.optim").__all__ == ["DistributedOptimizer"]
+
+
+# ---- a newcomer's model (elastic) --------------------------------------------------------------
+@pytest.mark.parametrize("other_order", [False, True])
+def test_a_newcomers_gradient_buffers_are_zero_once_it_adopts_a_members_layout(world,
+                                                                             other_order):
+    """Built while its state arrives (strata.elastic.Receiving), a model's
+    gradient buffers are left unwritten until it takes a member's bucket
+    order (the same order, or another): then they hold zeros, and the
+    model trains as a fresh one does."""
+    from strata._elastic_transfer import Receiving
+    member = snn.DataParallel(mlp(), world, bucket_bytes=256)
+    loss_of(member, 0).backward()  # its first backward fixes its bucket order
+    order, final = member._layout_state()
+    if other_order:
+        order = order[::-1]
+    with Receiving():
+        newcomer = snn.DataParallel(mlp(), world, bucket_bytes=256)
+    for buf in newcomer._reducer.grad.values():
+        buf.fill_(float("nan"))  # what fresh memory may hold
+    newcomer._adopt_layout((order, final))
+    assert newcomer._layout_state()[0] == order
+    for p in newcomer.parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) == 0
+    fresh = snn.DataParallel(mlp(), world, bucket_bytes=256)
+    loss_of(newcomer, 1).backward()
+    loss_of(fresh, 1).backward()
+    for p, q in zip(newcomer.parameters(), fresh.parameters()):
+        assert torch.equal(p.grad, q.grad)

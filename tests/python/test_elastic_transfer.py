@@ -14,26 +14,64 @@ import pytest
 import torch
 
 from strata import _elastic_transfer as T
+from strata.errors import ElasticError
+
+
+class Done:
+    """The Work of an async_op transfer that completed when posted."""
+
+    def wait(self, timeout=None):
+        return True
 
 
 class Loopback:
     """send(tensor, dst) queues a copy of its bytes; recv(tensor, src) takes
-    the oldest and checks its size (as a real group's matched recv does)."""
+    the oldest and checks its size (as a real group's matched recv does).
+    With async_op both complete at once and return a Work."""
 
     def __init__(self):
         self.queue = collections.deque()
         self.sent_bytes = 0
 
-    def send(self, t, dst):
+    def send(self, t, dst, async_op=False):
         assert t.is_contiguous()
         self.queue.append((dst, t.reshape(-1).view(torch.uint8).clone()))
         self.sent_bytes += t.numel() * t.element_size()
+        return Done() if async_op else None
 
-    def recv(self, t, src):
+    def recv(self, t, src, async_op=False):
         dst, data = self.queue.popleft()
         view = t.reshape(-1).view(torch.uint8)
         assert view.numel() == data.numel(), (view.numel(), data.numel())
         view.copy_(data)
+        return Done() if async_op else None
+
+
+class Network:
+    """Several ranks: ``at(rank)`` is that rank's group, with a queue per
+    (sender, receiver) channel, as a real group matches messages."""
+
+    def __init__(self):
+        self.channels = collections.defaultdict(collections.deque)
+
+    def at(self, rank):
+        net = self
+
+        class View:
+            def send(self, t, dst, async_op=False):
+                net.channels[rank, dst].append(t.reshape(-1).view(torch.uint8).clone())
+                return Done() if async_op else None
+
+            def recv(self, t, src, async_op=False):
+                data = net.channels[src, rank].popleft()
+                view = t.reshape(-1).view(torch.uint8)
+                assert view.numel() == data.numel(), (src, view.numel(), data.numel())
+                view.copy_(data)
+                return Done() if async_op else None
+        return View()
+
+    def sent(self, src, dst):
+        return sum(d.numel() for d in self.channels[src, dst])
 
 
 def _equal(a, b):
@@ -175,7 +213,7 @@ def test_a_prefetch_whose_build_failed_still_takes_everything():
 
 def test_a_prefetch_raises_what_its_receive_raised():
     class Broken(Loopback):
-        def recv(self, t, src):
+        def recv(self, t, src, async_op=False):
             raise ConnectionError("peer gone")
     arriving = T.Prefetch(Broken(), 0)
     with pytest.raises(ConnectionError, match="peer gone"):
@@ -216,3 +254,83 @@ def test_buffers_outside_the_state_dict_are_found_for_the_newcomer():
     m[1].register_buffer("kept", torch.ones(1))
     assert sorted(_unsaved_buffers(m)) == ["0.table"]
     assert _unsaved_buffers(m)["0.table"] is m[0].table
+
+
+def _trained(seed=0, steps=2, reverse=False):
+    """A model (three parameters and their momentum travel raw) and its SGD
+    optimizer after ``steps`` steps on the same data:
+    equal, bit for bit, for every ``seed``-alike call (as data-parallel
+    replicas are). ``reverse``: the optimizer holds the parameters in the
+    other order (its state laid out otherwise)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256),
+                                torch.nn.Linear(256, 256), torch.nn.Linear(256, 256),
+                                torch.nn.Linear(256, 8))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params[::-1] if reverse else params, lr=0.1, momentum=0.9)
+    x = torch.randn(32, 256, generator=torch.Generator().manual_seed(5))
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    return model, opt
+
+
+def _shared(model, opt):
+    return list(model.parameters()) + [t for st in opt.state.values() for t in st.values()]
+
+
+def test_members_share_the_sending_and_the_rest_comes_from_the_first():
+    net = Network()
+    senders = [_trained() for _ in range(3)]
+    for i, (model, _) in enumerate(senders):
+        model[1].running_mean.add_(i)  # a buffer: not the same on every replica
+    states = [{"values": {"mine": torch.full((20000,), float(i))},
+               "optimizers": [opt.state_dict()], "models": [model.state_dict()]}
+              for i, (model, opt) in enumerate(senders)]
+    for part, (state, (model, opt)) in enumerate(zip(states, senders)):
+        T.send_state(net.at(part + 1), [0], state, part=part, parts=3, shared=_shared(model, opt))
+    # Each member sent a share of the parameters and momentum; the first
+    # also the skeleton, the per-rank values and the buffer.
+    assert all(net.sent(src, 0) > 256 * 256 * 4 for src in (1, 2, 3))
+    own = _trained(seed=1, steps=0)[0].state_dict()
+    got = T.recv_state(net.at(0), [1, 2, 3], [own])
+    assert not any(net.channels.values())
+    assert _equal(got, states[0])
+    assert torch.equal(got["values"]["mine"], torch.zeros(20000))
+    assert got["models"][0]["0.weight"] is own["0.weight"]
+
+
+def test_a_member_whose_state_is_laid_out_otherwise_is_refused_by_name():
+    net = Network()
+    (m0, o0), (m1, o1) = _trained(), _trained(reverse=True)
+    for part, (model, opt) in enumerate(((m0, o0), (m1, o1))):
+        T.send_state(net.at(part + 4), [0], {"optimizers": [opt.state_dict()],
+                                              "models": [model.state_dict()]},
+                     part=part, parts=2, shared=_shared(model, opt))
+    with pytest.raises(ElasticError, match="from group rank 5 are not those group rank 4 "
+                       "assigned it"):
+        T.recv_state(net.at(0), [4, 5])
+
+
+def test_members_with_nothing_to_share_still_agree_with_the_newcomer():
+    """A small model travels whole inside the skeleton: the other members
+    send the fingerprint of an empty share, which the newcomer takes."""
+    net = Network()
+    small = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(small.parameters(), lr=0.1, momentum=0.9)
+    state = {"optimizers": [opt.state_dict()], "models": [small.state_dict()]}
+    for part in range(3):
+        T.send_state(net.at(part + 1), [0], state, part=part, parts=3,
+                     shared=list(small.parameters()))
+    assert _equal(T.recv_state(net.at(0), [1, 2, 3]), state)
+    assert not any(net.channels.values())
+
+
+def test_a_state_shared_among_more_members_than_the_newcomer_knows_is_refused():
+    net = Network()
+    model, opt = _trained()
+    T.send_state(net.at(1), [0], {"models": [model.state_dict()]}, part=0, parts=2,
+                 shared=_shared(model, opt))
+    with pytest.raises(ElasticError, match="shared among 2 senders, this rank expects 1"):
+        T.recv_state(net.at(0), [1])
