@@ -5,11 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "strata/comm/store.h"
 #include "strata/elastic/elastic_loop.h"
@@ -129,6 +131,7 @@ TEST(WorldSparesTest, AnEvictedRanksPlaceGoesToASpare) {
   auto store = MakeMemoryStore();
   std::vector<elastic::ElasticLoop::Recovery> got(kRanks);
   std::vector<double> sums(kRanks, 0);
+  std::atomic<int> members_in_step{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
@@ -147,6 +150,14 @@ TEST(WorldSparesTest, AnEvictedRanksPlaceGoesToASpare) {
         rec = (*loop)->StandBy();
       } else {
         ASSERT_TRUE((*loop)->BeginStep(7).ok());
+        // All members are in the step before any asks (a request raises
+        // the alarm, and a member that began its step after it would
+        // fail there instead).
+        members_in_step.fetch_add(1);
+        const absl::Time give_up = absl::Now() + absl::Seconds(30);
+        while (members_in_step.load() < kRanks - 1 && absl::Now() < give_up) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
         ASSERT_TRUE((*loop)->RequestChange({1}, "test: a straggler", false).ok());
         rec = (*loop)->Recover();
       }

@@ -165,8 +165,12 @@ class LoopWaker final : public ::gloo::transport::tcp::Handler {
     device_->registerDescriptor(fd_, EPOLLIN, this);
   }
   ~LoopWaker() override {
-    // Waits for one turn of the loop (at most 10 ms), once per device.
+    // Gloo's unregister waits for the loop's next turn (at most 10 ms, once
+    // per device); a turn that was in this handler has ended then. The
+    // lock makes that order one ThreadSanitizer sees too (Gloo's own
+    // wait does not hold the loop's mutex when it signals).
     device_->unregisterDescriptor(fd_, this);
+    std::lock_guard<std::mutex> lock(mu_);
     close(fd_);
   }
   LoopWaker(const LoopWaker&) = delete;
@@ -174,6 +178,7 @@ class LoopWaker final : public ::gloo::transport::tcp::Handler {
 
   // On the loop's thread.
   void handleEvents(int /*events*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
     uint64_t count;
     while (read(fd_, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count))) {
     }
@@ -186,6 +191,7 @@ class LoopWaker final : public ::gloo::transport::tcp::Handler {
  private:
   std::shared_ptr<::gloo::transport::tcp::Device> device_;
   const int fd_;
+  std::mutex mu_;  // held by the handler
 };
 
 // Keeps the loop of `waker` turning while it lives (see LoopWaker).
