@@ -92,6 +92,13 @@ def _same_dict(like, items):
     return out
 
 
+def unsaved_buffers(module):
+    """{name: buffer} of ``module``'s buffers left out of its state_dict
+    (registered with persistent=False): they travel beside it."""
+    saved = module.state_dict(keep_vars=True).keys()
+    return {n: b for n, b in module.named_buffers() if n not in saved}
+
+
 def _bytes(t):
     """A flat uint8 view of contiguous tensor ``t`` (any dtype, 0-dim too)."""
     import torch

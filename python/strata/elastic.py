@@ -65,7 +65,7 @@ from . import _strata
 from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineError
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
-from ._elastic_transfer import receiving_state
+from ._elastic_transfer import receiving_state, unsaved_buffers as _unsaved_buffers
 from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _store_for,  # noqa: F401
                               _supervised,
                               shutdown, supervise)
@@ -533,11 +533,9 @@ class Controller:
         """After a regroup that placed spares or grew a replica, on a member:
         in every data-parallel group that gained ranks, the members send
         their state (step, parameters and buffers, optimizer and scheduler
-        states, sampler, user values) to each of them (which receive it in
-        :meth:`stand_by`), point to point: the group's first member sends
-        all but the parameters and optimizer states, which every member
-        holds alike and the members send in turn. The other groups do
-        nothing."""
+        states, sampler, user values) to each newcomer (:meth:`stand_by`),
+        point to point: the first member all but the parameters and
+        optimizer states, which all hold alike and send in turn."""
         import torch
         from ._elastic_transfer import send_state
         plan = self._transfer_plan(event)
@@ -682,13 +680,6 @@ class Controller:
         directory, self._store_dir = self._store_dir, None
         _release_store(self._store, directory, self.options.job, self._job_ranks,
                        membership["epoch"], rank, self.options.heartbeat_timeout)
-
-
-def _unsaved_buffers(module):
-    """{name: buffer} of ``module``'s buffers left out of its state_dict
-    (registered with persistent=False)."""
-    saved = module.state_dict(keep_vars=True).keys()
-    return {n: b for n, b in module.named_buffers() if n not in saved}
 
 
 def _warm_up():

@@ -248,7 +248,7 @@ def test_strata_layers_skip_their_initial_draw_only_while_receiving_state():
 
 
 def test_buffers_outside_the_state_dict_are_found_for_the_newcomer():
-    from strata.elastic import _unsaved_buffers
+    from strata._elastic_transfer import unsaved_buffers as _unsaved_buffers
     m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     m[0].register_buffer("table", torch.arange(4.0), persistent=False)
     m[1].register_buffer("kept", torch.ones(1))
