@@ -7,7 +7,7 @@ ranks) under the launcher's fault-tolerant line, shows rank 0's step lines,
 announces and sends a SIGKILL to one rank partway through training, then
 shows what the survivors did: how the failure was found, the failed set
 they agreed on, the spare that took the killed rank's place (receiving its
-state from a member of its dp group, so dp stays 3), where the state came
+state from the members of its dp group, so dp stays 3), where the state came
 from, and the loss going on along the same curve; at the end the recovery
 figures, measured from the kill. Later in the same job one rank turns slow
 (the example's ``--slow``: it sleeps 3x as long as the others each step)
@@ -246,7 +246,7 @@ def placed_text(rec):
     """What the regroup did with the lost ranks' replicas."""
     if rec.get("replaced"):
         return ", ".join(f"spare {s} takes rank {f}'s place (its tp/pp position; the state comes "
-                         "from a member of its dp group)" for f, s in rec["replaced"])
+                         "from the members of its dp group)" for f, s in rec["replaced"])
     return f"ranks {rec.get('leaving', [])} leave with their replica"
 
 
