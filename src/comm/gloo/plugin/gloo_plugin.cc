@@ -50,29 +50,23 @@
 #include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
-#include <gloo/transport/tcp/loop.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <netinet/in.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <stdexcept>
 #include <string>
-#include <thread>
 #include <typeinfo>
 #include <utility>
 #include <vector>
 
 #include "comm/gloo/plugin/host_copy.h"
 #include "comm/gloo/plugin/host_p2p.h"
+#include "comm/gloo/plugin/loop_waker.h"
 #include "comm/gloo/plugin_api.h"
 
 namespace strata::gloo_plugin {
@@ -145,86 +139,6 @@ Error BySize(size_t elem, F&& f) {
       return {kInvalidArgument, "element size " + std::to_string(elem) + " is not 1, 2, 4 or 8"};
   }
 }
-
-// Gloo's TCP event loop sleeps in epoll_wait for up to 10 ms at a time,
-// and a thread that takes a socket off it waits for the loop's next turn:
-// a pair that connects as the client gives up its listening socket that
-// way, and closing a pair does. Pair by pair, that made connecting a group
-// of 4 ranks take 7-25 ms and destroying a World's communicators 14 ms
-// (timestamps across the processes of benchmarks/run_rejoin.py), on the
-// path of every regroup. A LoopWaker is an eventfd on the device's loop;
-// while a Ticking lives, a thread writes to it every kTickEvery, so each
-// such wait ends within about that.
-constexpr std::chrono::microseconds kTickEvery{200};
-
-class LoopWaker final : public ::gloo::transport::tcp::Handler {
- public:
-  explicit LoopWaker(std::shared_ptr<::gloo::transport::tcp::Device> device)
-      : device_(std::move(device)), fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
-    if (fd_ < 0) throw std::runtime_error(std::string("eventfd: ") + std::strerror(errno));
-    device_->registerDescriptor(fd_, EPOLLIN, this);
-  }
-  ~LoopWaker() override {
-    // Gloo's unregister waits for the loop's next turn (at most 10 ms, once
-    // per device); a turn that was in this handler has ended then. The
-    // lock makes that order one ThreadSanitizer sees too (Gloo's own
-    // wait does not hold the loop's mutex when it signals).
-    device_->unregisterDescriptor(fd_, this);
-    std::lock_guard<std::mutex> lock(mu_);
-    close(fd_);
-  }
-  LoopWaker(const LoopWaker&) = delete;
-  LoopWaker& operator=(const LoopWaker&) = delete;
-
-  // On the loop's thread.
-  void handleEvents(int /*events*/) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    uint64_t count;
-    while (read(fd_, &count, sizeof(count)) == static_cast<ssize_t>(sizeof(count))) {
-    }
-  }
-  void Wake() {
-    const uint64_t one = 1;
-    (void)!write(fd_, &one, sizeof(one));
-  }
-
- private:
-  std::shared_ptr<::gloo::transport::tcp::Device> device_;
-  const int fd_;
-  std::mutex mu_;  // held by the handler
-};
-
-// Keeps the loop of `waker` turning while it lives (see LoopWaker).
-class Ticking {
- public:
-  explicit Ticking(LoopWaker* waker) {
-    if (waker == nullptr) return;
-    thread_ = std::thread([this, waker] {
-      std::unique_lock<std::mutex> lock(mu_);
-      while (!done_) {
-        waker->Wake();
-        cv_.wait_for(lock, kTickEvery);
-      }
-    });
-  }
-  ~Ticking() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  Ticking(const Ticking&) = delete;
-  Ticking& operator=(const Ticking&) = delete;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 class TcpDevice final : public Device {
  public:
