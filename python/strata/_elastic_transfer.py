@@ -126,7 +126,6 @@ def send_state(group, dst_ranks, state, part=0, parts=1, shared=()):
             ref.part, turn = turn % parts, turn + 1
     mine = [(t.contiguous(), path, ref) for t, path, ref in raw
             if ref.part == part and t.numel()]
-    first = []
     if part == 0:
         buf = io.BytesIO()
         torch.save(skeleton, buf)
