@@ -200,19 +200,22 @@ Registration reg(kOrderComm, [](py::module_& m) {
 
   m.def(
       "_file_store",
-      [](const std::string& path, double max_poll) {
+      [](const std::string& path, double max_poll, double min_poll) {
         FileStoreOptions options;
         options.path = path;
-        if (!(max_poll > 0) || max_poll > 10) {
+        if (!(max_poll > 0) || max_poll > 10 || !(min_poll > 0) || min_poll > max_poll) {
           RaiseStatus(absl::InvalidArgumentError(absl::StrCat(
-                          "file_store: max_poll must be in (0, 10] seconds, got ", max_poll)),
+                          "file_store: max_poll must be in (0, 10] seconds and min_poll in (0, "
+                          "max_poll], got max_poll ",
+                          max_poll, " and min_poll ", min_poll)),
                       ErrorArea::kComm);
         }
         options.max_poll = absl::Seconds(max_poll);
-        options.min_poll = std::min(options.min_poll, options.max_poll);
+        options.min_poll = absl::Seconds(min_poll);
         return PyStore{UnwrapStore(OpenFileStore(options))};
       },
-      py::arg("path"), py::arg("max_poll") = 0.02, "A store kept in a directory every rank sees.");
+      py::arg("path"), py::arg("max_poll") = 0.02, py::arg("min_poll") = 0.0005,
+      "A store kept in a directory every rank sees.");
   m.def(
       "_python_store",
       [](py::object adapter) { return PyStore{UnwrapStore(AdaptPythonStore(std::move(adapter)))}; },

@@ -108,12 +108,16 @@ def from_torch(store, describe=None, prefix="strata/"):
     return _strata._python_store(_TorchStoreAdapter(store, describe, prefix))
 
 
-def file_store(path, max_poll=0.02):
+def file_store(path, max_poll=0.02, min_poll=None):
     """A store kept in directory ``path`` (created if missing), which every
     rank must see: a shared filesystem across nodes. Use a fresh directory
-    per job. A wait for a key polls the directory, from 0.5 ms doubling up to
-    ``max_poll`` seconds: smaller answers sooner and costs more reads."""
-    return _strata._file_store(os.fspath(path), float(max_poll))
+    per job. A wait for a key polls the directory, from ``min_poll`` (default
+    0.5 ms, or ``max_poll`` if smaller) doubling up to ``max_poll`` seconds:
+    smaller answers sooner and costs more reads (on a network filesystem,
+    more requests to its server)."""
+    if min_poll is None:
+        min_poll = min(0.0005, float(max_poll))
+    return _strata._file_store(os.fspath(path), float(max_poll), float(min_poll))
 
 
 def connect_torchrun(launch, timeout, env=None):

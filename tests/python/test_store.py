@@ -109,10 +109,17 @@ def test_file_store_and_a_bad_store_argument(tmp_path):
     assert s.get("a", timeout=1) == b"1"
     fine = sstore.file_store(tmp_path / "st", max_poll=0.001)
     assert fine.get("a", timeout=1) == b"1"
+    finest = sstore.file_store(tmp_path / "st", max_poll=0.002, min_poll=5e-5)
+    assert finest.get("a", timeout=1) == b"1"
     for bad in (0, -1, 11):
         with pytest.raises(strata.InvalidArgument,
-                           match=rf"max_poll must be in \(0, 10\] seconds, got {bad}"):
+                           match=rf"max_poll must be in \(0, 10\] seconds .* got max_poll {bad} "):
             sstore.file_store(tmp_path / "st", max_poll=bad)
+    for bad in (0, -1e-3, 0.01):
+        with pytest.raises(strata.InvalidArgument,
+                           match=rf"min_poll in \(0, max_poll\], got max_poll 0.002 and "
+                                 rf"min_poll {bad}"):
+            sstore.file_store(tmp_path / "st", max_poll=0.002, min_poll=bad)
     with pytest.raises(strata.InvalidArgument, match="torch.distributed.Store"):
         sstore.from_torch(object())
 

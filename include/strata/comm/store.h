@@ -80,8 +80,10 @@ struct STRATA_EXPORT FileStoreOptions {
   // The directory; created (with its parents) when missing. Every rank must
   // name the same directory. Use a fresh directory per job: keys persist.
   std::string path;
-  // Waiting (Get, Wait, and taking the lock of Add/CompareSet) polls the
-  // filesystem, starting at `min_poll` and doubling up to `max_poll`.
+  // Waiting (Get, Wait) polls the filesystem, starting at `min_poll` and
+  // doubling up to `max_poll`. Taking the lock of Add/CompareSet, which
+  // another client holds for a read and a rename, retries the same way
+  // from 20 us (or `min_poll` if shorter).
   absl::Duration min_poll = absl::Microseconds(500);
   absl::Duration max_poll = absl::Milliseconds(20);
 };

@@ -242,7 +242,8 @@ class FileStore final : public Store {
       return absl::UnavailableError(absl::StrCat(Describe(), ": cannot open the lock of key '", key,
                                                  "' (", path, "): ", Errno(errno)));
     }
-    absl::Duration pause = options_.min_poll;
+    // A lock is held for a read and a rename: retry soon.
+    absl::Duration pause = std::min(options_.min_poll, absl::Microseconds(20));
     while (true) {
       struct flock lk;
       std::memset(&lk, 0, sizeof(lk));
