@@ -217,6 +217,23 @@ Registration reg(kOrderComm, [](py::module_& m) {
       py::arg("path"), py::arg("max_poll") = 0.02, py::arg("min_poll") = 0.0005,
       "A store kept in a directory every rank sees.");
   m.def(
+      "_tcp_store",
+      [](const std::string& host, int port, double timeout, const std::string& prefix) {
+        TcpStoreOptions options;
+        options.host = host;
+        options.port = port;
+        options.connect_timeout = absl::Seconds(timeout);
+        options.prefix = prefix;
+        absl::StatusOr<std::shared_ptr<Store>> store;
+        {
+          py::gil_scoped_release release;
+          store = ConnectTcpStore(options);
+        }
+        return PyStore{UnwrapStore(std::move(store))};
+      },
+      py::arg("host"), py::arg("port"), py::arg("timeout") = 60.0, py::arg("prefix") = "strata/",
+      "A client of a torch.distributed TCPStore server, without Python in its operations.");
+  m.def(
       "_python_store",
       [](py::object adapter) { return PyStore{UnwrapStore(AdaptPythonStore(std::move(adapter)))}; },
       py::arg("adapter"),

@@ -45,7 +45,7 @@ class Options:
     on rank 0 (``{"event": "step", ...}``, ``{"event": "recovery", ...}``).
     ``store``: the store to agree through (a :mod:`strata.store` store);
     None: the world's bootstrap store (torchrun's TCPStore), else
-    $STRATA_STORE, else a file store in the temporary directory when every
+    $STRATA_STORE, else a file store in /dev/shm (or the temporary directory) when every
     rank is on this host. ``job``: names this job's keys in a shared store.
     ``straggler``: a :class:`StragglerPolicy` (None: no policy): ranks whose
     compute time stays well above the others' are evicted or reported.

@@ -120,6 +120,16 @@ def file_store(path, max_poll=0.02, min_poll=None):
     return _strata._file_store(os.fspath(path), float(max_poll), float(min_poll))
 
 
+def tcp_store(host, port, timeout=60.0, prefix="strata/"):
+    """A client of the torch.distributed TCPStore server at ``host:port``
+    (under torchrun: MASTER_ADDR, MASTER_PORT) that speaks its protocol in
+    C++: its operations never take Python's GIL, so a thread using it does
+    not slow the training thread. Keys are prefixed with ``prefix``, as
+    :func:`from_torch` does, so both see the same keys. One connection, one
+    request at a time: give each thread that waits long its own client."""
+    return _strata._tcp_store(str(host), int(port), float(timeout), str(prefix))
+
+
 def connect_torchrun(launch, timeout, env=None):
     """Connects to the TCPStore at the launch's MASTER_ADDR:MASTER_PORT the
     way torch.distributed's env:// rendezvous does: under torchrun the agent

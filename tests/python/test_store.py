@@ -33,8 +33,20 @@ def client(server):
                          timeout=datetime.timedelta(seconds=30))
 
 
-def test_every_operation_round_trips(server):
-    s = sstore.from_torch(server)
+# Each test below runs with torch's client behind from_torch and with
+# strata's own client of the same server (tcp_store).
+CLIENTS = ["torch", "native"]
+
+
+def connect(server, kind):
+    if kind == "torch":
+        return sstore.from_torch(client(server))
+    return sstore.tcp_store("127.0.0.1", server.port, timeout=10)
+
+
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_every_operation_round_trips(server, kind):
+    s = connect(server, kind)
     assert "TCPStore 127.0.0.1" in repr(s)
     s.set("k", b"\x00\xffbinary")
     assert s.get("k", timeout=5) == b"\x00\xffbinary"
@@ -51,8 +63,9 @@ def test_every_operation_round_trips(server):
     assert not server.check(["k"])
 
 
-def test_get_and_wait_fail_at_their_deadline_naming_the_keys(server):
-    s = sstore.from_torch(server)
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_get_and_wait_fail_at_their_deadline_naming_the_keys(server, kind):
+    s = connect(server, kind)
     for timeout in (0.3, 0.0):
         t0 = time.monotonic()
         with pytest.raises(strata.CommError) as e:
@@ -62,20 +75,25 @@ def test_get_and_wait_fail_at_their_deadline_naming_the_keys(server):
         assert took < timeout + 2.0, took
     with pytest.raises(strata.CommError) as e:
         s.wait(["a", "b"], timeout=0.2)
-    assert e.value.code == "DEADLINE_EXCEEDED" and "strata/b" in str(e.value)
+    assert e.value.code == "DEADLINE_EXCEEDED" and "b" in str(e.value).split("127.0.0.1")[1]
+    # A wait given up is cancelled on the server: the client goes on.
+    s.set("after", b"ok")
+    assert s.get("after", timeout=5) == b"ok"
 
 
-def test_get_waits_for_a_key_set_later(server):
-    s = sstore.from_torch(server)
-    other = sstore.from_torch(client(server))
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_get_waits_for_a_key_set_later(server, kind):
+    s = connect(server, kind)
+    other = connect(server, kind)
     threading.Timer(0.3, lambda: other.set("late", b"v")).start()
     assert s.get("late", timeout=10) == b"v"
 
 
-def test_many_clients_add_and_race_on_compare_set(server):
+@pytest.mark.parametrize("kind", CLIENTS)
+def test_many_clients_add_and_race_on_compare_set(server, kind):
     """16 clients (threads, each its own TCP connection): every add counted
     once, exactly one compare_set winner per round."""
-    clients = [sstore.from_torch(client(server)) for _ in range(16)]
+    clients = [connect(server, kind) for _ in range(16)]
     rounds = 20
     wins = [0] * len(clients)
     errors = []
@@ -101,6 +119,57 @@ def test_many_clients_add_and_race_on_compare_set(server):
     assert s.add("counter", 0) == len(clients) * rounds
     assert s.add("done", 0) == len(clients)
     assert sum(wins) == rounds
+
+
+def test_the_native_client_shares_keys_with_torchs_and_serves_threads(server):
+    native = sstore.tcp_store("127.0.0.1", server.port, timeout=10)
+    via_torch = sstore.from_torch(client(server))
+    native.set("from-native", b"1")
+    via_torch.set("from-torch", b"2")
+    assert via_torch.get("from-native", timeout=5) == b"1"
+    assert native.get("from-torch", timeout=5) == b"2"
+    assert server.get("strata/from-native") == b"1"  # torch's own view of the key
+    # Threads share one client (their requests take turns; a wait holds
+    # the connection until it ends, so threads that wait long should each
+    # have their own, as the elastic monitor has).
+    errors = []
+
+    def adder():
+        try:
+            for _ in range(50):
+                native.add("shared", 1)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    adders = [threading.Thread(target=adder) for _ in range(4)]
+    for t in adders:
+        t.start()
+    for t in adders:
+        t.join(30)
+    assert not errors, errors
+    threading.Timer(0.3, lambda: via_torch.set("go", b"x")).start()
+    assert native.get("go", timeout=10) == b"x"
+    assert native.add("shared", 0) == 200
+
+
+def test_the_native_client_names_the_address_when_it_cannot_reach_it():
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(strata.CommError) as e:
+        sstore.tcp_store("127.0.0.1", port, timeout=0.5)
+    assert e.value.code == "UNAVAILABLE" and f"127.0.0.1:{port}" in str(e.value)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(strata.InvalidArgument, match="port in 1..65535"):
+        sstore.tcp_store("127.0.0.1", 0)
+    s = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    native = sstore.tcp_store("127.0.0.1", s.port, timeout=5)
+    native.set("k", b"v")
+    del s  # the server goes away
+    with pytest.raises(strata.CommError) as e:
+        for _ in range(3):
+            native.get("k", timeout=1)
+            time.sleep(0.2)
+    assert e.value.code == "UNAVAILABLE" and "TCPStore 127.0.0.1" in str(e.value)
 
 
 def test_file_store_and_a_bad_store_argument(tmp_path):

@@ -6,9 +6,10 @@
 //   OpenFileStore      a directory on a filesystem every rank sees (a shared
 //                      filesystem across nodes, any directory on one node);
 //   MakeMemoryStore    this process's memory (ranks that are threads);
+//   ConnectTcpStore    a client of torch.distributed's TCPStore (what
+//                      torchrun serves at MASTER_ADDR:MASTER_PORT);
 //   MakeCallbackStore  forwards to functions: the Python bindings wrap
-//                      torch.distributed's TCPStore (what torchrun provides at
-//                      MASTER_ADDR:MASTER_PORT) with it;
+//                      torch.distributed stores with it;
 //   strata::torch::ConnectC10dStore (include/strata/torch/c10d_store.h, in
 //                      the strata::torch target) wraps LibTorch's c10d
 //                      TCPStore for C++ trainers that link LibTorch.
@@ -97,6 +98,33 @@ struct STRATA_EXPORT FileStoreOptions {
 // promptly. InvalidArgument when the options are bad, Unavailable (naming the
 // path and errno) when the directory cannot be created or written.
 STRATA_EXPORT absl::StatusOr<std::shared_ptr<Store>> OpenFileStore(const FileStoreOptions& options);
+
+// ---- torch's TCPStore --------------------------------------------------------
+
+struct STRATA_EXPORT TcpStoreOptions {
+  static constexpr int kVersion = 1;
+  int version = kVersion;
+  // The server: under torchrun MASTER_ADDR:MASTER_PORT (the agent serves it).
+  std::string host;
+  int port = 0;
+  // How long to try connecting (the server may not listen yet).
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // Prepended to every key (the Python bindings' from_torch uses "strata/":
+  // clients of both see the same keys).
+  std::string prefix = "strata/";
+};
+
+// A client of a torch.distributed TCPStore server speaking its wire
+// protocol itself: no LibTorch, no Python, so a thread that uses it (the
+// elastic monitor's heartbeats) never takes Python's GIL. One connection,
+// one request at a time: threads that wait long should each have their own.
+// A Get or Wait past its deadline cancels its wait on the server and is
+// DeadlineExceeded naming the keys; a request without an answer by its
+// deadline, or a lost connection, is Unavailable naming the address (the
+// next request connects again). InvalidArgument for bad options,
+// Unavailable when no connection is made within connect_timeout.
+STRATA_EXPORT absl::StatusOr<std::shared_ptr<Store>> ConnectTcpStore(
+    const TcpStoreOptions& options);
 
 // ---- memory store -------------------------------------------------------------
 

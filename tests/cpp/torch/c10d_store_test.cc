@@ -104,6 +104,84 @@ TEST(C10dStoreTest, ManyClientsCountOnceAndOneWinsEachRace) {
   EXPECT_EQ(*s->Add("counter", 0, In(absl::Seconds(5))), kClients * kRounds);
 }
 
+// strata's own client of the protocol (strata/comm/store.h ConnectTcpStore)
+// against LibTorch's server, side by side with LibTorch's client.
+std::shared_ptr<Store> Native(uint16_t port) {
+  TcpStoreOptions options;
+  options.host = "127.0.0.1";
+  options.port = port;
+  options.connect_timeout = absl::Seconds(10);
+  absl::StatusOr<std::shared_ptr<Store>> s = ConnectTcpStore(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : nullptr;
+}
+
+TEST(C10dStoreTest, TheNativeClientSpeaksTheProtocolAndSharesTheKeys) {
+  auto server = Serve();
+  std::shared_ptr<Store> native = Native(server->getPort());
+  ASSERT_NE(native, nullptr);
+  std::shared_ptr<Store> wrapped = WrapC10dStore(Client(server->getPort()), "torch client");
+  const std::string binary("\0\xff\n", 3);
+  ASSERT_TRUE(native->Set("k", binary, In(absl::Seconds(5))).ok());
+  EXPECT_EQ(*wrapped->Get("k", In(absl::Seconds(5))), binary);
+  EXPECT_TRUE(server->check({"strata/k"}));
+  ASSERT_TRUE(wrapped->Set("w", "from torch", In(absl::Seconds(5))).ok());
+  EXPECT_EQ(*native->Get("w", In(absl::Seconds(5))), "from torch");
+  EXPECT_EQ(*native->Add("n", 5, In(absl::Seconds(5))), 5);
+  EXPECT_EQ(*wrapped->Add("n", -7, In(absl::Seconds(5))), -2);
+  EXPECT_EQ(*native->CompareSet("c", "", "one", In(absl::Seconds(5))), "one");
+  EXPECT_EQ(*native->CompareSet("c", "one", "two", In(absl::Seconds(5))), "two");
+  EXPECT_EQ(*native->CompareSet("c", "zz", "three", In(absl::Seconds(5))), "two");
+  EXPECT_EQ(native->CompareSet("absent", "x", "y", In(absl::Seconds(5))).status().code(),
+            absl::StatusCode::kNotFound);
+  // A look at a passed deadline, a wait that ends at its deadline (then the
+  // connection is still in step), a wait that a later write ends.
+  EXPECT_EQ(native->Get("never", absl::InfinitePast()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(*native->Get("k", absl::InfinitePast()), binary);
+  absl::Status w = native->Wait({"a", "b"}, In(absl::Milliseconds(200)));
+  EXPECT_EQ(w.code(), absl::StatusCode::kDeadlineExceeded) << w;
+  EXPECT_TRUE(absl::StrContains(w.message(), "a, b")) << w;
+  EXPECT_TRUE(absl::StrContains(w.message(), "127.0.0.1")) << w;
+  EXPECT_EQ(*native->Add("n", 0, In(absl::Seconds(5))), -2);
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_TRUE(wrapped->Set("late", "v", In(absl::Seconds(5))).ok());
+  });
+  absl::StatusOr<std::string> v = native->Get("late", In(absl::Seconds(10)));
+  late.join();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+}
+
+TEST(C10dStoreTest, NativeClientsCountOnceAndOneWinsEachRace) {
+  auto server = Serve();
+  constexpr int kClients = 8, kRounds = 20;
+  std::vector<std::thread> threads;
+  std::atomic<int> wins{0}, errors{0};
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      std::shared_ptr<Store> s = Native(server->getPort());
+      if (s == nullptr) {
+        errors++;
+        return;
+      }
+      for (int r = 0; r < kRounds; ++r) {
+        if (!s->Add("counter", 1, In(absl::Seconds(30))).ok()) errors++;
+        absl::StatusOr<std::string> v =
+            s->CompareSet(absl::StrCat("round", r), "", absl::StrCat(i), In(absl::Seconds(30)));
+        if (!v.ok()) errors++;
+        if (v.ok() && *v == absl::StrCat(i)) wins++;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wins.load(), kRounds);
+  EXPECT_EQ(*Native(server->getPort())->Add("counter", 0, In(absl::Seconds(5))),
+            kClients * kRounds);
+}
+
 TEST(C10dStoreTest, GlooRootsBootstrapThroughIt) {
   const std::vector<std::string> backends = AvailableBackends();
   if (std::find(backends.begin(), backends.end(), "gloo") == backends.end()) {
