@@ -20,6 +20,15 @@ RESULTS_DIR = os.path.join(HERE, "results")
 RESULTS_MD = os.path.join(HERE, "RESULTS.md")
 
 
+def median_ci(values, reps=2000, seed=0):
+    """Bootstrap 95% interval of the median of values."""
+    import random
+    import statistics
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
+    return [meds[int(0.025 * reps)], meds[int(0.975 * reps) - 1]]
+
+
 def machine():
     """A one-line description of this machine, for the results."""
     cpu = platform.processor() or platform.machine()

@@ -33,7 +33,6 @@ import argparse
 import collections
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -161,13 +160,6 @@ def profile(args):
     bench_util.print_rows(rows, path)
 
 
-def median_ci(values, reps=2000, seed=0):
-    """Bootstrap 95% interval of the median of values."""
-    rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(reps))
-    return [meds[int(0.025 * reps)], meds[int(0.975 * reps) - 1]]
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", default="build")
@@ -259,7 +251,7 @@ def main():
         # is the comparison least moved by a slow spell of the machine.
         pairs = sorted(a / b for a, b in zip(doc["on"], doc["off"]))
         q = statistics.quantiles(pairs, n=4)
-        ci = median_ci(pairs)
+        ci = bench_util.median_ci(pairs)
         both = doc["baseline"] == "nothing"
         same = doc["baseline"] == "same"
         order = ", off world made first" if doc["off_first"] else ""

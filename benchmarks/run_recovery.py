@@ -75,10 +75,13 @@ strata (recovery/strata_side.py)
   step = cause.failed_at + first_step_s; phases from the kill: detection
   (kill -> every survivor knew), agreement, rebuild, restore, the redone step.
 
-Overhead with no failure (--sides overhead, recovery/overhead_worker.py)
-  One mpirun --with-ft ulfm job of the same model trains alternating blocks
-  of steps with the elastic loop off (a plain loop over the same step body)
-  and on (strata.elastic.run); the ratio of the median step times.
+Overhead with no failure (--sides overhead, recovery/overhead.py)
+  One job of the same model per launcher (--overhead-launchers: mpirun
+  --with-ft ulfm, torchrun) and rank count (--overhead-np: 8, the job's, and
+  2, one rank per core) trains
+  alternating blocks of steps with the elastic loop off (a plain loop over
+  the same step body) and on (strata.elastic.run); the ratio of the median
+  step times, and the loop's own time per step (recovery/overhead.py).
 """
 
 import argparse
@@ -100,6 +103,7 @@ import analysis  # noqa: E402
 import bench_util  # noqa: E402
 import harness  # noqa: E402
 import job  # noqa: E402
+import overhead as overhead_job  # noqa: E402
 import strata_side  # noqa: E402
 import torchft_peer  # noqa: E402
 import torchrun_peer  # noqa: E402
@@ -116,9 +120,6 @@ STRATA_CMDS = {
               "-x PYTHONPATH -x OMP_NUM_THREADS=1 {python} {example} " + STRATA_FLAGS,
     "torchrun": "torchrun --standalone --nproc-per-node 8 {example} " + STRATA_FLAGS,
 }
-OVERHEAD_CMD = ("{mpirun} --allow-run-as-root --oversubscribe --bind-to none --with-ft ulfm -np 8 "
-                "-x PYTHONPATH -x OMP_NUM_THREADS=1 {python} {worker} --hidden {hidden} --layers {layers} "
-                "--batch {batch} --samples {samples} --lr {strata_lr} --blocks {blocks} --block-steps {block_steps}")
 KEYS = ["kill_to_collective", "kill_to_step", "kill_to_step_steps", "steps_redone", "lost_s",
         "step_time"]
 
@@ -158,6 +159,10 @@ def main():
                     help="overhead: strata's step with the elastic loop on vs off, no failure")
     ap.add_argument("--overhead-blocks", type=int, default=4, help="blocks of each mode (overhead)")
     ap.add_argument("--overhead-block-steps", type=int, default=8)
+    ap.add_argument("--overhead-np", default="8,2",
+                    help="rank counts of the overhead jobs (8: the job's; 2: one rank per core)")
+    ap.add_argument("--overhead-launchers", default="mpirun,torchrun",
+                    help="launchers of the overhead jobs (recovery/overhead.py CMDS)")
     ap.add_argument("--torchft-configs", default="fast,example,defaults")
     ap.add_argument("--torchft-defaults-kills", type=int, default=1,
                     help="kills with torchft's defaults (each takes over a minute: its 60 s timeouts)")
@@ -232,7 +237,9 @@ def main():
                     + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
             if "overhead" in sides:
                 log("== strata, no failure: elastic loop on vs off")
-                overhead = run_overhead(args, strata_values, work)
+                overhead = [overhead_job.run(args, strata_values, work, int(n), log, launcher)
+                            for launcher in args.overhead_launchers.split(",") if launcher
+                            for n in args.overhead_np.split(",") if n]
             if "strata" in sides:
                 template = args.strata_cmd or (STRATA_CMDS[args.strata_launcher]
                                                if os.path.exists(STRATA_EXAMPLE) else None)
@@ -258,101 +265,11 @@ def main():
     if overhead is not None:
         # Its own results (recovery_overhead.json), so that it can be run
         # again alone (--sides overhead) without dropping the kills' rows.
-        rows = overhead_rows(overhead)
-        path = bench_util.write_results("recovery_overhead", command, rows, overhead_note(overhead))
+        rows = overhead_job.rows(overhead, job.parameter_count_formula() / 1e6)
+        path = bench_util.write_results("recovery_overhead", command, rows,
+                                        overhead_job.note(overhead))
         bench_util.print_rows(rows, path, case_width=48, metric_width=52)
         attach_details(path, {"overhead": overhead})
-
-
-def run_overhead(args, values, work):
-    """strata's step with the elastic loop on vs off in one job
-    (recovery/overhead_worker.py): {"off": [...], "on": [...], ...}."""
-    import json
-    import shlex
-    worker = os.path.join(HERE, "recovery", "overhead_worker.py")
-    cmd = shlex.split(OVERHEAD_CMD.format(worker=worker, blocks=args.overhead_blocks,
-                                          block_steps=args.overhead_block_steps, **values))
-    log(f"  $ {' '.join(cmd)}")
-    t0 = time.time()
-    load = os.getloadavg()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.deadline * 2,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    except subprocess.TimeoutExpired as e:
-        return {"error": f"overhead job did not finish in {e.timeout:.0f} s", "command": " ".join(cmd)}
-    with open(os.path.join(work, "overhead.out"), "w") as f:
-        f.write(out.stdout + "\n--- stderr\n" + out.stderr)
-    res = {"command": " ".join(cmd), "off": [], "on": [], "blocks": [], "wall_s": time.time() - t0,
-           "loadavg_before": load[0], "loadavg_after": os.getloadavg()[0]}
-    for line in out.stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("event") == "block":
-            res[rec["mode"]] += rec["intervals"]
-            res["blocks"].append(rec)
-    if out.returncode != 0 or not res["off"] or not res["on"]:
-        res["error"] = f"overhead job exited {out.returncode}: {out.stderr.strip()[-400:]}"
-        log(f"  {res['error']}")
-        return res
-    import statistics
-    med = statistics.median
-    for mode in ("off", "on"):
-        blocks = [b for b in res["blocks"] if b["mode"] == mode]
-        res[f"{mode}_opt_step"] = med([x for b in blocks for x in b.get("opt_step", [])] or [0])
-        res[f"{mode}_gap"] = med([x for b in blocks for x in b.get("gaps", [])] or [0])
-    res["added_s"] = (res["on_opt_step"] - res["off_opt_step"]) + (res["on_gap"] - res["off_gap"])
-    res["off_median"] = statistics.median(res["off"])
-    res["on_median"] = statistics.median(res["on"])
-    res["ratio"] = res["on_median"] / res["off_median"]
-    res["added_fraction"] = res["added_s"] / res["off_median"]
-    # Block by block (each "on" block against the "off" block just before it).
-    pairs = [(a, b) for a, b in zip(res["blocks"][::2], res["blocks"][1::2])
-             if a["mode"] == "off" and b["mode"] == "on" and a["intervals"] and b["intervals"]]
-    res["pair_ratios"] = [statistics.median(b["intervals"]) / statistics.median(a["intervals"])
-                          for a, b in pairs]
-    log(f"  step time off {res['off_median']:.3f} s, on {res['on_median']:.3f} s: on/off "
-        f"{res['ratio']:.3f} (block pairs {[round(r, 3) for r in res['pair_ratios']]}); "
-        f"optimizer.step() {res['off_opt_step'] * 1e3:.1f} -> {res['on_opt_step'] * 1e3:.1f} ms, "
-        f"between steps {res['off_gap'] * 1e3:.1f} -> {res['on_gap'] * 1e3:.1f} ms: the loop adds "
-        f"{res['added_s'] * 1e3:.1f} ms = {res['added_fraction'] * 100:.2f}% of a step")
-    return res
-
-
-def overhead_rows(res):
-    case = (f"{job.WORLD} CPU ranks, dp{job.WORLD}, MLP {job.parameter_count_formula() / 1e6:.1f}M, "
-            "no failure")
-    if res.get("error"):
-        return [dict(case=case, metric="step time, elastic loop on / off", unit="x", strata=None,
-                     peer="same step, plain loop", peer_value=None, target="<= 1.02")]
-    return [
-        dict(case=case, metric="step time, elastic loop on (median)", unit="s",
-             strata=res["on_median"], peer="same step, plain loop (median)",
-             peer_value=res["off_median"], target=None),
-        dict(case=case, metric="step time, elastic loop on / off", unit="x",
-             strata=res["ratio"], peer=None, peer_value=None, target="<= 1.02",
-             target_on="strata"),
-        dict(case=case, metric="the loop's added time (commit vote + between steps), median",
-             unit="ms", strata=res["added_s"] * 1e3, peer=None, peer_value=None, target=None),
-        dict(case=case, metric="the loop's added time / plain step", unit="x",
-             strata=1 + res["added_fraction"], peer=None, peer_value=None, target="<= 1.02",
-             target_on="strata"),
-    ]
-
-
-def overhead_note(res):
-    if res.get("error"):
-        return f"- overhead: {res['error']}"
-    return (f"- overhead (no failure): one mpirun --with-ft ulfm job alternating blocks of "
-            f"{len(res['blocks'][0]['intervals']) + 2} steps with the elastic loop off and on "
-            f"(recovery/overhead_worker.py); {len(res['off'])} / {len(res['on'])} step intervals; "
-            f"on/off per block pair {', '.join(f'{r:.3f}' for r in res['pair_ratios'])}; "
-            f"optimizer.step() median {res['off_opt_step'] * 1e3:.1f} ms off, "
-            f"{res['on_opt_step'] * 1e3:.1f} ms on (the commit vote); end of optimizer.step() to the "
-            f"next step's start {res['off_gap'] * 1e3:.1f} ms off, {res['on_gap'] * 1e3:.1f} ms on; "
-            f"load "
-            f"average {res['loadavg_before']:.1f} before, {res['loadavg_after']:.1f} after")
 
 
 # Peer labels (the `peer` column) and targets (strata / peer).
