@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
@@ -80,15 +81,21 @@ TEST(C10dStoreTest, GetAndWaitFailAtTheirDeadlineNamingTheKeys) {
   EXPECT_TRUE(absl::StrContains(w.message(), "a, b")) << w;
 }
 
-TEST(C10dStoreTest, ManyClientsCountOnceAndOneWinsEachRace) {
-  auto server = Serve();
-  constexpr int kClients = 16, kRounds = 20;
+// `clients` threads, each with a client of its own from `connect`, add to
+// one counter and race on one compare_set per round: no error, one winner
+// per round, and the counter (read by the last client) holds every add.
+void ExpectEveryAddCountedAndOneWinnerPerRound(
+    const std::function<std::shared_ptr<Store>()>& connect, int clients, int rounds) {
   std::vector<std::thread> threads;
   std::atomic<int> wins{0}, errors{0};
-  for (int i = 0; i < kClients; ++i) {
+  for (int i = 0; i < clients; ++i) {
     threads.emplace_back([&, i] {
-      std::shared_ptr<Store> s = WrapC10dStore(Client(server->getPort()), "client");
-      for (int r = 0; r < kRounds; ++r) {
+      std::shared_ptr<Store> s = connect();
+      if (s == nullptr) {
+        errors++;
+        return;
+      }
+      for (int r = 0; r < rounds; ++r) {
         if (!s->Add("counter", 1, In(absl::Seconds(30))).ok()) errors++;
         absl::StatusOr<std::string> v =
             s->CompareSet(absl::StrCat("round", r), "", absl::StrCat(i), In(absl::Seconds(30)));
@@ -99,9 +106,14 @@ TEST(C10dStoreTest, ManyClientsCountOnceAndOneWinsEachRace) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(wins.load(), kRounds);
-  std::shared_ptr<Store> s = WrapC10dStore(server, "server");
-  EXPECT_EQ(*s->Add("counter", 0, In(absl::Seconds(5))), kClients * kRounds);
+  EXPECT_EQ(wins.load(), rounds);
+  EXPECT_EQ(*connect()->Add("counter", 0, In(absl::Seconds(5))), clients * rounds);
+}
+
+TEST(C10dStoreTest, ManyClientsCountOnceAndOneWinsEachRace) {
+  auto server = Serve();
+  ExpectEveryAddCountedAndOneWinnerPerRound(
+      [&] { return WrapC10dStore(Client(server->getPort()), "client"); }, 16, 20);
 }
 
 // strata's own client of the protocol (strata/comm/store.h ConnectTcpStore)
@@ -156,30 +168,7 @@ TEST(C10dStoreTest, TheNativeClientSpeaksTheProtocolAndSharesTheKeys) {
 
 TEST(C10dStoreTest, NativeClientsCountOnceAndOneWinsEachRace) {
   auto server = Serve();
-  constexpr int kClients = 8, kRounds = 20;
-  std::vector<std::thread> threads;
-  std::atomic<int> wins{0}, errors{0};
-  for (int i = 0; i < kClients; ++i) {
-    threads.emplace_back([&, i] {
-      std::shared_ptr<Store> s = Native(server->getPort());
-      if (s == nullptr) {
-        errors++;
-        return;
-      }
-      for (int r = 0; r < kRounds; ++r) {
-        if (!s->Add("counter", 1, In(absl::Seconds(30))).ok()) errors++;
-        absl::StatusOr<std::string> v =
-            s->CompareSet(absl::StrCat("round", r), "", absl::StrCat(i), In(absl::Seconds(30)));
-        if (!v.ok()) errors++;
-        if (v.ok() && *v == absl::StrCat(i)) wins++;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(errors.load(), 0);
-  EXPECT_EQ(wins.load(), kRounds);
-  EXPECT_EQ(*Native(server->getPort())->Add("counter", 0, In(absl::Seconds(5))),
-            kClients * kRounds);
+  ExpectEveryAddCountedAndOneWinnerPerRound([&] { return Native(server->getPort()); }, 8, 20);
 }
 
 TEST(C10dStoreTest, GlooRootsBootstrapThroughIt) {
