@@ -43,10 +43,13 @@ class Options:
     :class:`strata.checkpoint.AsyncCheckpointer` it saves with (``keep_last``
     is 2 unless given). ``log``: print one JSON line per completed step and per recovery
     on rank 0 (``{"event": "step", ...}``, ``{"event": "recovery", ...}``).
-    ``store``: the store to agree through (a :mod:`strata.store` store);
-    None: the world's bootstrap store (torchrun's TCPStore), else
-    $STRATA_STORE, else a file store in /dev/shm (or the temporary directory) when every
-    rank is on this host. ``job``: names this job's keys in a shared store.
+    ``store``: the store to agree through (a :mod:`strata.store` store; a
+    ``torch.distributed`` store is used through a Python adapter whose every
+    operation takes the GIL, so for a TCPStore prefer
+    ``strata.store.tcp_store(host, port)``); None: the world's bootstrap
+    store (torchrun's TCPStore, through strata's own client), else
+    $STRATA_STORE, else a file store in /dev/shm (or the temporary
+    directory) when every rank is on this host. ``job``: names this job's keys in a shared store.
     ``straggler``: a :class:`StragglerPolicy` (None: no policy): ranks whose
     compute time stays well above the others' are evicted or reported.
 
