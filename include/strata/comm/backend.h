@@ -149,9 +149,11 @@ struct STRATA_EXPORT RootOptions {
   MpiOptions mpi;
   GlooOptions gloo;
   NcclOptions nccl;
-  // Gloo: polled while the ranks meet through the store; true ends the
-  // creation with Cancelled (the elastic layer's fresh job communicator
-  // stops waiting for a joiner lost meanwhile). Null: never.
+  // Gloo: polled while the ranks meet through the store and connect (the
+  // connect's waits ask it from another thread, so it must be thread-safe);
+  // true ends the creation with Cancelled or Aborted (the elastic layer's
+  // fresh job communicator stops waiting for a joiner lost meanwhile).
+  // Null: never.
   std::function<bool()> cancelled;
 };
 

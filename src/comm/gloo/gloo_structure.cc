@@ -69,6 +69,7 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
     *value = *std::move(v);
     return {};
   }
+  bool Cancelled() override { return cancelled_ && cancelled_(); }
 
  private:
   Store& store_;

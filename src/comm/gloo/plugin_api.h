@@ -34,7 +34,7 @@
 
 namespace strata::gloo_plugin {
 
-inline constexpr int kApiVersion = 3;
+inline constexpr int kApiVersion = 4;
 
 // An error: `code` is an absl::StatusCode value (0 is OK).
 struct Error {
@@ -58,6 +58,10 @@ class Rendezvous {
   virtual Error Set(const std::string& key, const std::string& value) = 0;
   // Waits until `key` exists.
   virtual Error Get(const std::string& key, std::string* value) = 0;
+  // True once the caller gave up on this connect (an abort of the
+  // communicator being shrunk): the waits that are not the store's end
+  // then too. Asked from another thread while Connect runs.
+  virtual bool Cancelled() { return false; }
 };
 
 // The network device every context of a root communicator shares (one

@@ -286,6 +286,112 @@ TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingForADeadSurvivor) {
   });
 }
 
+// A store that holds rank `stuck`'s read of its connection column in a
+// shrink (keys "<uid>/k<hash>-<attempt>/m/c/<rank>") until released: that
+// rank has published its address, so the others connect, and then stops,
+// as a survivor that dies between the shrink's rendezvous and its connects.
+class StallingStore final : public Store {
+ public:
+  StallingStore(std::shared_ptr<Store> inner, std::atomic<bool>* released)
+      : inner_(std::move(inner)), released_(released) {}
+  absl::Status Set(absl::string_view key, absl::string_view value, absl::Time d) override {
+    return inner_->Set(key, value, d);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Time d) override {
+    if (absl::StrContains(key, "/k") && absl::EndsWith(key, "/m/c/2")) {
+      while (!released_->load()) absl::SleepFor(absl::Milliseconds(5));
+      return absl::UnavailableError("this rank is taken for dead");
+    }
+    return inner_->Get(key, d);
+  }
+  absl::Status Wait(absl::Span<const std::string> keys, absl::Time d) override {
+    return inner_->Wait(keys, d);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time d) override {
+    return inner_->Add(key, delta, d);
+  }
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired, absl::Time d) override {
+    return inner_->CompareSet(key, expected, desired, d);
+  }
+  std::string Describe() const override { return inner_->Describe(); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::atomic<bool>* released_;
+};
+
+// Rank 2 of 3 stops after the shrink's rendezvous: ranks 0 and 1 wait in
+// Gloo's own connect (or the first messages after it) for a rank that never
+// comes, which Gloo bounds only by five times the timeout. An abort of the
+// communicator being shrunk ends that wait at once (`abort` true), and
+// without one the shrink ends at its own timeout (1.5 s), not five times it.
+void ShrinkWithARankLostAfterTheRendezvous(bool abort) {
+  auto shared = MakeMemoryStore();
+  std::atomic<bool> released{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RootOptions options;
+      options.comm.timeout = absl::Seconds(60);
+      std::shared_ptr<Store> store = shared;
+      if (r == 2) store = std::make_shared<StallingStore>(shared, &released);
+      auto comm = GlooCommunicator::CreateRoot(options, store, r, 3);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Communicator& c = **comm;
+      CommOptions shrink;
+      shrink.timeout = abort ? absl::Seconds(60) : absl::Milliseconds(1500);
+      if (r == 2) {
+        EXPECT_FALSE(c.Shrink({}, shrink).ok());  // returns once released
+        return;
+      }
+      const absl::Time start = absl::Now();
+      std::thread aborter([&] {
+        if (!abort) return;
+        absl::SleepFor(absl::Milliseconds(500));
+        EXPECT_TRUE(c.Abort().ok());
+      });
+      auto shrunk = c.Shrink({}, shrink);
+      aborter.join();
+      const absl::Duration took = absl::Now() - start;
+      ASSERT_FALSE(shrunk.ok()) << "rank " << r;
+      const absl::Status& s = shrunk.status();
+      if (abort) {
+        // The first to give up fails its pairs, so the other may learn of
+        // it from its connections before its own abort comes.
+        EXPECT_TRUE(s.code() == absl::StatusCode::kAborted ||
+                    s.code() == absl::StatusCode::kUnavailable)
+            << s;
+        EXPECT_LT(took, absl::Seconds(5)) << "the shrink waited " << took << ": " << s;
+      } else {
+        EXPECT_TRUE(s.code() == absl::StatusCode::kDeadlineExceeded ||
+                    s.code() == absl::StatusCode::kUnavailable)
+            << s;
+        EXPECT_LT(took, absl::Milliseconds(4500)) << "the shrink waited " << took << ": " << s;
+      }
+      if (s.code() != absl::StatusCode::kUnavailable) {
+        // Which wait it was: the connect's, or the agreement's after it.
+        EXPECT_TRUE(absl::StrContains(s.message(), "rank 2 of 3") ||
+                    absl::StrContains(s.message(), "host copies"))
+            << s;
+      }
+    });
+  }
+  // Ranks 0 and 1 first, then rank 2 is let go.
+  threads[0].join();
+  threads[1].join();
+  released.store(true);
+  threads[2].join();
+}
+
+TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingInGloosConnect) {
+  ShrinkWithARankLostAfterTheRendezvous(true);
+}
+
+TEST(GlooThreadsTest, AShrinkWaitingInGloosConnectEndsAtItsTimeout) {
+  ShrinkWithARankLostAfterTheRendezvous(false);
+}
+
 // A message travels as a header, a first part of at most 1 MiB and the
 // rest: sizes on both sides of that boundary arrive intact, in order, and
 // mismatches across it (larger or smaller than the buffer, small into large

@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/gloo/plugin/connect_watch.h"
 #include "comm/gloo/plugin/host_copy.h"
 #include "comm/gloo/plugin/host_p2p.h"
 #include "comm/gloo/plugin/loop_waker.h"
@@ -219,6 +220,24 @@ SignalExceptionFn FindSignalException() {
             "1char_traitsIcESaIcEEE");
   dlclose(gloo);  // still loaded: the plugin depends on it
   return reinterpret_cast<SignalExceptionFn>(sym);
+}
+
+// Fails every pair of `transport` with `message` (signalException): a
+// connect, send or receive waiting on one throws it, and so does the next.
+// False where this Gloo lacks the means (the caller closes the sockets).
+bool FailPairs(::gloo::transport::Context* transport, const std::string& message) {
+  static const SignalExceptionFn signal = FindSignalException();
+  // tcp::Context derives from transport::Context first: same address.
+  if (signal == nullptr ||
+      std::string(typeid(*transport).name()) != "N4gloo9transport3tcp7ContextE") {
+    return false;
+  }
+  try {
+    signal(transport, message);
+    return true;
+  } catch (const std::exception&) {
+    return false;  // a pair that is already broken may throw
+  }
 }
 
 class GlooContext final : public Context {
@@ -480,17 +499,9 @@ class GlooContext final : public Context {
     // Wakes the ranks waiting in a round or for a point-to-point message.
     if (host_ != nullptr) host_->Close();
     Ticking ticking(waker_.get());  // each pair closes off the event loop
-    static const SignalExceptionFn signal = FindSignalException();
-    // tcp::Context derives from transport::Context first: same address.
-    if (signal != nullptr &&
-        std::string(typeid(*transport_).name()) == "N4gloo9transport3tcp7ContextE") {
-      try {
-        signal(transport_.get(),
-               "strata closed this communicator's connections (abort, revoke or shutdown)");
-        return;
-      } catch (const std::exception&) {
-        // A pair that is already broken may throw; close what is left.
-      }
+    if (FailPairs(transport_.get(),
+                  "strata closed this communicator's connections (abort, revoke or shutdown)")) {
+      return;
     }
     try {
       ctx_->closeConnections();
@@ -619,6 +630,7 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   auto* tcp = dynamic_cast<TcpDevice*>(device.get());
   if (tcp == nullptr) return {kInvalidArgument, "connect: not a device of this plugin"};
   const int n = options.size, me = options.rank;
+  const Deadline deadline(options.timeout_ms);
   auto ctx = std::make_shared<MeshContext>(me, n);
   ctx->setTimeout(Ms(options.timeout_ms));
   std::shared_ptr<::gloo::transport::Context> transport;
@@ -643,6 +655,25 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   if (!setting.ok()) return setting;
   BoardName board_name;
   std::unique_ptr<HostBoard> board;
+  // The waits after the store's are Gloo's (a peer's connect, the
+  // agreement's messages): the watch ends them when the caller gives up
+  // or the deadline passes (connect_watch.h).
+  std::unique_ptr<ConnectWatch> watch;
+  std::string waiting_for;  // what the waits were for, when the watch ended them
+  auto given_up = [&](const Error& e) -> Error {
+    switch (watch == nullptr ? ConnectWatch::Why::kNone : watch->why()) {
+      case ConnectWatch::Why::kCancelled:
+        return {kAborted, "connect: gave up " + waiting_for +
+                              " (the caller was aborted meanwhile: a member is gone)"};
+      case ConnectWatch::Why::kDeadline:
+        return {kDeadlineExceeded, "connect: " + waiting_for + ": not done within " +
+                                       std::to_string(options.timeout_ms) +
+                                       " ms (is that rank alive?)"};
+      case ConnectWatch::Why::kNone:
+        break;
+    }
+    return e;
+  };
   if (n > 1) {
     SetPort(&self, 0);
     HostRecord host;
@@ -696,6 +727,14 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
       return {kInternal, "connect: column of " + std::to_string(column.size()) + " bytes"};
     }
     const std::string name(column.c_str() + static_cast<size_t>(n - 1) * kColumnEntry);
+    watch = std::make_unique<ConnectWatch>(
+        deadline.left().count(), [&rv] { return rv.Cancelled(); },
+        [transport, me, n] {
+          if (FailPairs(transport.get(), "strata gave up connecting this group")) return;
+          for (int j = 0; j < n; ++j) {
+            if (j != me) transport->getPair(j)->close();
+          }
+        });
     e = Guard("connect: connecting to the peers", [&] {
       // A pair that connects as the client first takes its listening
       // socket off the event loop.
@@ -715,9 +754,12 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
               ReadRemote(host.pid, host.probe, &word, sizeof(word)) && word == host.word;
         }
         ::gloo::transport::tcp::Address peer(ss);
+        waiting_for =
+            "waiting for rank " + std::to_string(j) + " of " + std::to_string(n) + " to connect";
         transport->getPair(j)->connect(peer.bytes());
       }
     });
+    e = given_up(e);
     if (!e.ok()) return e;
     if (can_read_peers && !name.empty()) board = HostBoard::Open(name, n);
   }
@@ -734,9 +776,12 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
                                                std::move(host), std::move(p2p), tcp->waker());
   // Every rank knows n, so all skip the agreement alike.
   if (n > 1 && n <= kOwnAlgorithmRanks) {
-    e = context->AgreeHostCopy(can_share, options.timeout_ms);
-    if (!e.ok()) return e;
+    waiting_for = "agreeing with the peers on host copies";
+    e = context->AgreeHostCopy(can_share, deadline.left().count());
   }
+  if (watch != nullptr) watch->Stop();
+  e = given_up(e);
+  if (!e.ok()) return e;
   *out = std::move(context);
   return {};
 }
