@@ -47,7 +47,7 @@ class Options:
     ``torch.distributed`` store is used through a Python adapter whose every
     operation takes the GIL, so for a TCPStore prefer
     ``strata.store.tcp_store(host, port)``); None: the world's bootstrap
-    store (torchrun's TCPStore), else
+    store (torchrun's TCPStore, through strata's own client), else
     $STRATA_STORE, else a file store in /dev/shm (or the temporary
     directory) when every rank is on this host. ``job``: names this job's keys in a shared store.
     ``straggler``: a :class:`StragglerPolicy` (None: no policy): ranks whose

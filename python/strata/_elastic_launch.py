@@ -10,7 +10,7 @@ import tempfile
 
 from . import _strata
 from ._settings import settings as _settings
-from .errors import ElasticError
+from .errors import CommError, ElasticError
 
 # ---- the store --------------------------------------------------------------------
 
@@ -61,25 +61,18 @@ def _local_store_base():
 
 def _tcp_client(launch, timeout):
     """A new client of the TCPStore the world bootstrapped through (served by
-    torchrun's agent, or by rank 0 of an srun job). torch's client, behind
-    the Python adapter: every operation takes the GIL (the heartbeats' 30 a
-    second cost the training thread 3-5% of a step with 2 ranks here).
-    strata's own client (strata.store.tcp_store) has no such cost, but with
-    it, and with the commit change of the same stop, the three-kill test
-    (py_elastic_repeat_torchrun8) stalled in a regroup in 5 of 11 runs
-    against 0 of 6 before: not the default until that is understood."""
-    import datetime
-    import torch.distributed as dist
+    torchrun's agent, or by rank 0 of an srun job). strata's own client: its
+    operations run without the GIL (with torch's, the monitor's heartbeats,
+    30 store operations a second, cost the training thread 3-5% of its
+    step in GIL hand-overs)."""
     from . import store as _store
     host, port = launch.master_addr, launch.master_port
     try:
-        t = dist.TCPStore(host, port, launch.world_size, False,
-                          timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
-    except (RuntimeError, OSError) as e:
+        return _store.tcp_store(host, port, timeout=timeout)
+    except CommError as e:
         raise ElasticError(f"rank {launch.rank}: cannot reach the rendezvous store (torch "
                            f"TCPStore {host}:{port}) for the elastic layer within {timeout:g}s: "
                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    return _store.from_torch(t, describe=f"torch TCPStore {host}:{port}")
 
 
 def _store_for(world, options):
@@ -93,10 +86,11 @@ def _store_for(world, options):
         return (s if isinstance(s, _store.Store) else _store.from_torch(s)), None, None
     boot = getattr(world, "_store", (None, None))[0]
     if boot is not None:
-        # Two connections of our own: torch's TCPStore client holds a lock
-        # across a blocking wait, so the monitor's heartbeats must not share
-        # one with the main thread's waits for commits and decisions (nor
-        # with Gloo's rebuild, which goes through the bootstrap connection).
+        # Two connections of our own (strata's client: no GIL in its
+        # operations): a connection serves one request at a time, so the
+        # monitor's heartbeats must not share one with the main thread's
+        # waits for commits and decisions (nor with Gloo's rebuild, which
+        # goes through the bootstrap connection).
         launch = _strata.launch_env(None)
         return (_tcp_client(launch, options.rebuild_timeout),
                 _tcp_client(launch, options.rebuild_timeout), None)

@@ -57,15 +57,18 @@ class StoreStepCommit final : public StepCommit {
     }
     absl::StatusOr<int64_t> count = store_->Add(keys->Done(), 1, deadline);
     if (!count.ok()) return strata::internal::Annotate(count.status(), where);
+    absl::StatusOr<std::string> v;
     if (*count == target) {
       // Joiners asked to come in since the last agreement answered.
       absl::StatusOr<int64_t> joins = store_->Add(keys->Joins(), 0, deadline);
       if (!joins.ok()) return strata::internal::Annotate(joins.status(), where);
-      absl::StatusOr<std::string> v =
-          store_->CompareSet(key, "", *joins > joins_seen ? kCommitJoin : kCommit, deadline);
+      // The value after the call is the answer (this one, or an abort that
+      // came first): the last voter need not read it again.
+      v = store_->CompareSet(key, "", *joins > joins_seen ? kCommitJoin : kCommit, deadline);
       if (!v.ok()) return strata::internal::Annotate(v.status(), where);
+    } else {
+      v = store_->Get(key, deadline);
     }
-    absl::StatusOr<std::string> v = store_->Get(key, deadline);
     if (!v.ok()) {
       return strata::internal::Annotate(
           v.status(),
