@@ -21,6 +21,8 @@
 // called from any thread.
 #pragma once
 
+#include <gloo/transport/context.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -32,6 +34,13 @@
 namespace strata::gloo_plugin {
 
 inline constexpr std::chrono::milliseconds kWatchEvery{1};
+
+// Fails every pair of `transport` with `message` (Gloo's TCP
+// signalException): a connect, send or receive waiting on one throws it,
+// and so does the next; peers see the connection close. False where this
+// Gloo lacks the means (the caller then closes the sockets). Thread-safe
+// once every pair of `transport` has been created.
+bool FailPairs(::gloo::transport::Context* transport, const std::string& message);
 
 class ConnectWatch {
  public:

@@ -36,7 +36,6 @@
 // Over Gloo's transport (several hosts, more than 32 ranks, or host copies
 // off), strata's own algorithms replace Gloo's where the STRATA_GLOO_CMA=0
 // rows of busbw_torchrun show them faster (see kOwnAlgorithmRanks).
-#include <dlfcn.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -60,7 +59,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -198,47 +196,6 @@ class UnboundPending final : public Pending {
   const bool send_;
   const int peer_;
 };
-
-// Closing a context's connections the way Gloo does when a wait times out:
-// tcp::Context::signalException fails every pending operation of every pair
-// (waking the threads blocked on them) and closes the sockets, so peers
-// fail too. ::gloo::Context::closeConnections only closes the sockets, which
-// leaves this rank's blocked thread waiting until its timeout. The member is
-// protected and Debian's libgloo-dev lacks a header that tcp/context.h
-// needs (gloo/common/memory.h), so it is looked up by its exported name and
-// called with the object as the first argument (the Itanium C++ ABI's
-// convention for non-virtual members), after checking the object's dynamic
-// type. Without it, closing falls back to closing the sockets.
-using SignalExceptionFn = void (*)(void* self, const std::string& message);
-
-SignalExceptionFn FindSignalException() {
-  void* gloo = dlopen("libgloo.so.0", RTLD_LAZY | RTLD_NOLOAD);
-  if (gloo == nullptr) return nullptr;
-  void* sym =
-      dlsym(gloo,
-            "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt1"
-            "1char_traitsIcESaIcEEE");
-  dlclose(gloo);  // still loaded: the plugin depends on it
-  return reinterpret_cast<SignalExceptionFn>(sym);
-}
-
-// Fails every pair of `transport` with `message` (signalException): a
-// connect, send or receive waiting on one throws it, and so does the next.
-// False where this Gloo lacks the means (the caller closes the sockets).
-bool FailPairs(::gloo::transport::Context* transport, const std::string& message) {
-  static const SignalExceptionFn signal = FindSignalException();
-  // tcp::Context derives from transport::Context first: same address.
-  if (signal == nullptr ||
-      std::string(typeid(*transport).name()) != "N4gloo9transport3tcp7ContextE") {
-    return false;
-  }
-  try {
-    signal(transport, message);
-    return true;
-  } catch (const std::exception&) {
-    return false;  // a pair that is already broken may throw
-  }
-}
 
 class GlooContext final : public Context {
  public:
