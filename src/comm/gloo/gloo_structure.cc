@@ -50,21 +50,23 @@ absl::StatusOr<std::string> GetUnlessCancelled(Store& store, const std::string& 
 }
 
 // The store as the plugin's rendezvous: keys under `prefix`, every wait
-// bounded by `deadline` (and ended by `cancelled`, when set).
+// bounded by `deadline`; `cancelled` (when set) ends the plugin's waits and,
+// with `poll_store`, the store's.
 class StoreRendezvous final : public gloo_plugin::Rendezvous {
  public:
   StoreRendezvous(Store& store, std::string prefix, absl::Time deadline,
-                  std::function<bool()> cancelled)
+                  std::function<bool()> cancelled, bool poll_store)
       : store_(store),
         prefix_(std::move(prefix)),
         deadline_(deadline),
-        cancelled_(std::move(cancelled)) {}
+        cancelled_(std::move(cancelled)),
+        poll_store_(poll_store) {}
   gloo_plugin::Error Set(const std::string& key, const std::string& value) override {
     return ToError(store_.Set(absl::StrCat(prefix_, key), value, deadline_));
   }
   gloo_plugin::Error Get(const std::string& key, std::string* value) override {
-    absl::StatusOr<std::string> v =
-        GetUnlessCancelled(store_, absl::StrCat(prefix_, key), deadline_, cancelled_);
+    absl::StatusOr<std::string> v = GetUnlessCancelled(
+        store_, absl::StrCat(prefix_, key), deadline_, poll_store_ ? cancelled_ : nullptr);
     if (!v.ok()) return ToError(v.status());
     *value = *std::move(v);
     return {};
@@ -76,6 +78,7 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
   const std::string prefix_;
   const absl::Time deadline_;
   const std::function<bool()> cancelled_;
+  const bool poll_store_;
 };
 
 // The device for `options` (an event-loop thread and an address), shared
@@ -105,8 +108,8 @@ absl::Status SharedDevice(GlooRuntime& runtime, const gloo_plugin::DeviceOptions
 
 absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
     const GlooRuntime& runtime, const std::string& uid, int rank, int size, absl::Time deadline,
-    const std::function<bool()>& cancelled) {
-  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline, cancelled);
+    const std::function<bool()>& cancelled, bool poll_store) {
+  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline, cancelled, poll_store);
   gloo_plugin::ConnectOptions options;
   options.rank = rank;
   options.size = size;
@@ -237,10 +240,11 @@ absl::Status GlooCommunicator::OnError(const absl::Status& status) {
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     const std::string& uid, int rank, int size, const CommOptions& options,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, bool poll_store) {
   const absl::Time deadline = absl::Now() + options.timeout;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gloo_plugin::Context> context,
-                          ConnectContext(*runtime_, uid, rank, size, deadline, cancelled));
+  STRATA_ASSIGN_OR_RETURN(
+      std::unique_ptr<gloo_plugin::Context> context,
+      ConnectContext(*runtime_, uid, rank, size, deadline, cancelled, poll_store));
   return std::make_unique<GlooCommunicator>(runtime_, std::move(context), options, uid);
 }
 
@@ -249,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoSplit(
   const absl::Time deadline = resolved.deadline;
   const std::string& what = resolved.description;
   int seq;
+  const uint64_t aborts = aborts_.load();
   {
     std::lock_guard<std::mutex> lock(issue_mu_);
     STRATA_RETURN_IF_ERROR(health_.CheckUsable(what));
@@ -278,8 +283,14 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoSplit(
                    [&](const std::pair<int32_t, int>& m) { return m.second == rank(); }) -
       members.begin());
   const std::string uid = absl::StrCat(uid_, "/s", seq, "c", color);
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child =
-      Connect(uid, new_rank, static_cast<int>(members.size()), options);
+  // A member that dies after the rendezvous leaves the others in Gloo's
+  // connect: an abort of this communicator meanwhile (the elastic layer's
+  // alarm during a World rebuild) ends that wait at once. The store's waits
+  // block in the store as before (polling them would delay every split by
+  // up to a poll), ending at the deadline if the member is gone.
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(
+      uid, new_rank, static_cast<int>(members.size()), options,
+      [this, aborts] { return aborts_.load() != aborts; }, /*poll_store=*/false);
   if (!child.ok()) return internal::Annotate(child.status(), what);
   return std::unique_ptr<Communicator>(std::move(child).value());
 }

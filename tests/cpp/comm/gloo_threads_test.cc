@@ -286,19 +286,20 @@ TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingForADeadSurvivor) {
   });
 }
 
-// A store that holds rank `stuck`'s read of its connection column in a
-// shrink (keys "<uid>/k<hash>-<attempt>/m/c/<rank>") until released: that
-// rank has published its address, so the others connect, and then stops,
-// as a survivor that dies between the shrink's rendezvous and its connects.
+// A store that holds rank 2's read of its connection column in a shrink
+// (keys "<uid>/k<hash>-<attempt>/m/c/2") or a split ("<uid>/s<seq>c<color>
+// /m/c/2"), per `part` ("/k" or "/s"), until released: that rank has
+// published its address, so the others connect, and then stops, as a
+// member that dies between the rendezvous and its connects.
 class StallingStore final : public Store {
  public:
-  StallingStore(std::shared_ptr<Store> inner, std::atomic<bool>* released)
-      : inner_(std::move(inner)), released_(released) {}
+  StallingStore(std::shared_ptr<Store> inner, std::string part, std::atomic<bool>* released)
+      : inner_(std::move(inner)), part_(std::move(part)), released_(released) {}
   absl::Status Set(absl::string_view key, absl::string_view value, absl::Time d) override {
     return inner_->Set(key, value, d);
   }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Time d) override {
-    if (absl::StrContains(key, "/k") && absl::EndsWith(key, "/m/c/2")) {
+    if (absl::StrContains(key, part_) && absl::EndsWith(key, "/m/c/2")) {
       while (!released_->load()) absl::SleepFor(absl::Milliseconds(5));
       return absl::UnavailableError("this rank is taken for dead");
     }
@@ -318,15 +319,17 @@ class StallingStore final : public Store {
 
  private:
   std::shared_ptr<Store> inner_;
+  const std::string part_;
   std::atomic<bool>* released_;
 };
 
-// Rank 2 of 3 stops after the shrink's rendezvous: ranks 0 and 1 wait in
-// Gloo's own connect (or the first messages after it) for a rank that never
-// comes, which Gloo bounds only by five times the timeout. An abort of the
-// communicator being shrunk ends that wait at once (`abort` true), and
-// without one the shrink ends at its own timeout (1.5 s), not five times it.
-void ShrinkWithARankLostAfterTheRendezvous(bool abort) {
+// Rank 2 of 3 stops after a shrink's (or a split's) rendezvous: ranks 0 and
+// 1 wait in Gloo's own connect (or the first messages after it) for a rank
+// that never comes, which Gloo bounds only by five times the timeout. An
+// abort of the communicator being shrunk or split ends that wait at once
+// (`abort` true), and without one the new communicator's creation ends at
+// its own timeout (1.5 s), not five times it.
+void SplitOrShrinkWithARankLostAfterTheRendezvous(bool shrink, bool abort) {
   auto shared = MakeMemoryStore();
   std::atomic<bool> released{false};
   std::vector<std::thread> threads;
@@ -335,14 +338,15 @@ void ShrinkWithARankLostAfterTheRendezvous(bool abort) {
       RootOptions options;
       options.comm.timeout = absl::Seconds(60);
       std::shared_ptr<Store> store = shared;
-      if (r == 2) store = std::make_shared<StallingStore>(shared, &released);
+      if (r == 2) store = std::make_shared<StallingStore>(shared, shrink ? "/k" : "/s", &released);
       auto comm = GlooCommunicator::CreateRoot(options, store, r, 3);
       ASSERT_TRUE(comm.ok()) << comm.status();
       Communicator& c = **comm;
-      CommOptions shrink;
-      shrink.timeout = abort ? absl::Seconds(60) : absl::Milliseconds(1500);
+      CommOptions child;
+      child.timeout = abort ? absl::Seconds(60) : absl::Milliseconds(1500);
+      auto make = [&] { return shrink ? c.Shrink({}, child) : c.Split(0, r, child); };
       if (r == 2) {
-        EXPECT_FALSE(c.Shrink({}, shrink).ok());  // returns once released
+        EXPECT_FALSE(make().ok());  // returns once released
         return;
       }
       const absl::Time start = absl::Now();
@@ -351,23 +355,23 @@ void ShrinkWithARankLostAfterTheRendezvous(bool abort) {
         absl::SleepFor(absl::Milliseconds(500));
         EXPECT_TRUE(c.Abort().ok());
       });
-      auto shrunk = c.Shrink({}, shrink);
+      auto made = make();
       aborter.join();
       const absl::Duration took = absl::Now() - start;
-      ASSERT_FALSE(shrunk.ok()) << "rank " << r;
-      const absl::Status& s = shrunk.status();
+      ASSERT_FALSE(made.ok()) << "rank " << r;
+      const absl::Status& s = made.status();
       if (abort) {
         // The first to give up fails its pairs, so the other may learn of
         // it from its connections before its own abort comes.
         EXPECT_TRUE(s.code() == absl::StatusCode::kAborted ||
                     s.code() == absl::StatusCode::kUnavailable)
             << s;
-        EXPECT_LT(took, absl::Seconds(5)) << "the shrink waited " << took << ": " << s;
+        EXPECT_LT(took, absl::Seconds(5)) << "waited " << took << ": " << s;
       } else {
         EXPECT_TRUE(s.code() == absl::StatusCode::kDeadlineExceeded ||
                     s.code() == absl::StatusCode::kUnavailable)
             << s;
-        EXPECT_LT(took, absl::Milliseconds(4500)) << "the shrink waited " << took << ": " << s;
+        EXPECT_LT(took, absl::Milliseconds(4500)) << "waited " << took << ": " << s;
       }
       if (s.code() != absl::StatusCode::kUnavailable) {
         // Which wait it was: the connect's, or the agreement's after it.
@@ -385,11 +389,21 @@ void ShrinkWithARankLostAfterTheRendezvous(bool abort) {
 }
 
 TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingInGloosConnect) {
-  ShrinkWithARankLostAfterTheRendezvous(true);
+  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/true, /*abort=*/true);
 }
 
 TEST(GlooThreadsTest, AShrinkWaitingInGloosConnectEndsAtItsTimeout) {
-  ShrinkWithARankLostAfterTheRendezvous(false);
+  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/true, /*abort=*/false);
+}
+
+// The same for a split (the elastic layer splits the World's groups off the
+// new job communicator during a rebuild, and its alarm aborts that one).
+TEST(GlooThreadsTest, AnAbortEndsASplitWaitingInGloosConnect) {
+  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/false, /*abort=*/true);
+}
+
+TEST(GlooThreadsTest, ASplitWaitingInGloosConnectEndsAtItsTimeout) {
+  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/false, /*abort=*/false);
 }
 
 // A message travels as a header, a first part of at most 1 MiB and the
