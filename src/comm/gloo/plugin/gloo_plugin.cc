@@ -621,7 +621,8 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
     switch (watch == nullptr ? ConnectWatch::Why::kNone : watch->why()) {
       case ConnectWatch::Why::kCancelled:
         return {kAborted, "connect: gave up " + waiting_for +
-                              " (the caller was aborted meanwhile: a member is gone)"};
+                              " (cancelled: the communicator it is made from was"
+                              " aborted, or RootOptions::cancelled said so)"};
       case ConnectWatch::Why::kDeadline:
         return {kDeadlineExceeded, "connect: " + waiting_for + ": not done within " +
                                        std::to_string(options.timeout_ms) +
