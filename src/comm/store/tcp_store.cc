@@ -174,10 +174,15 @@ class TcpStoreClient final : public Store {
   }
 
   // Connects (when not connected) before `deadline`, retrying while the
-  // server refuses (it may not listen yet).
+  // server refuses (it may not listen yet). Once a connection was made, a
+  // refusal is final: the server listened and no longer does, so its
+  // process is gone (torch's TCPStore is not restarted on its port), and
+  // retrying until the deadline (at least kAnswerGrace) would only keep a
+  // caller that is stopping, e.g. a monitor being joined, waiting.
   absl::Status Connected(absl::Time deadline) {
     if (fd_ >= 0) return absl::OkStatus();
     std::string last = "no address";
+    bool refused = false;
     absl::Duration pause = absl::Milliseconds(10);
     while (true) {
       struct addrinfo hints;
@@ -190,12 +195,20 @@ class TcpStoreClient final : public Store {
       if (rc != 0) {
         last = absl::StrCat("cannot resolve the host: ", ::gai_strerror(rc));
       } else {
+        refused = true;
         for (struct addrinfo* a = found; a != nullptr && fd_ < 0; a = a->ai_next) {
-          last = TryConnect(a, deadline);
+          int err = 0;
+          last = TryConnect(a, deadline, &err);
+          refused = refused && err == ECONNREFUSED;
         }
         ::freeaddrinfo(found);
       }
       if (fd_ >= 0) break;
+      if (refused && was_connected_) {
+        return absl::UnavailableError(absl::StrCat(
+            Describe(), ": the server refuses connections after the last one was dropped (", last,
+            "): the process that served the store is gone"));
+      }
       const absl::Time now = absl::Now();
       if (now >= deadline) {
         return absl::UnavailableError(
@@ -204,6 +217,7 @@ class TcpStoreClient final : public Store {
       absl::SleepFor(std::min(pause, deadline - now));
       pause = std::min(pause * 2, absl::Milliseconds(500));
     }
+    was_connected_ = true;
     const int one = 1;
     (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Request validate(kValidate);
@@ -211,12 +225,18 @@ class TcpStoreClient final : public Store {
     return Write(validate.bytes(), deadline, "connect", "");
   }
 
-  // Connects fd_ to `a`; the reason when it could not.
-  std::string TryConnect(const struct addrinfo* a, absl::Time deadline) {
+  // Connects fd_ to `a`; the reason when it could not, and its errno in
+  // `*err` (0 for a connection not accepted in time).
+  std::string TryConnect(const struct addrinfo* a, absl::Time deadline, int* err) {
+    *err = 0;
     const int fd =
         ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) return absl::StrCat("socket: ", std::strerror(errno));
+    if (fd < 0) {
+      *err = errno;
+      return absl::StrCat("socket: ", std::strerror(errno));
+    }
     if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      *err = errno;
       const std::string why = std::strerror(errno);
       ::close(fd);
       return why;
@@ -227,12 +247,11 @@ class TcpStoreClient final : public Store {
       ::close(fd);
       return "the connection was not accepted in time";
     }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
+    socklen_t len = sizeof(*err);
+    (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, err, &len);
+    if (*err != 0) {
       ::close(fd);
-      return std::strerror(err);
+      return std::strerror(*err);
     }
     fd_ = fd;
     return "";
@@ -367,6 +386,7 @@ class TcpStoreClient final : public Store {
   const TcpStoreOptions options_;
   std::mutex mu_;
   int fd_ = -1;
+  bool was_connected_ = false;  // a connection was made once
 };
 
 }  // namespace

@@ -277,6 +277,15 @@ TEST(TcpStoreTest, ALostServerIsUnavailableNamingItsAddress) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
   EXPECT_TRUE(absl::StrContains(st.message(), absl::StrCat("127.0.0.1:", port))) << st;
 
+  // The server listened and no longer does: the next request does not
+  // retry the refused connection until its deadline (a monitor thread being
+  // joined waited that long).
+  const absl::Time start = absl::Now();
+  st = s->Set("k", "v", In(absl::Seconds(60)));
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "refuses connections")) << st;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << st;
+
   TcpStoreOptions o;
   o.host = "127.0.0.1";
   o.port = port;
