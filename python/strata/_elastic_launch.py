@@ -117,7 +117,7 @@ def _store_for(world, options):
         "STRATA_STORE=file:/shared/dir or pass Options(store=...)")
 
 
-def _release_store(store, directory, job, ranks, epoch, rank, timeout):
+def _release_store(store, directory, job, ranks, epoch, rank, timeout, serving=None):
     """Called by every rank when it is done with the elastic store (its loop
     closed, or it leaves): it marks itself done, and the rank that then finds
     every rank of the job (``ranks``) done or its process gone removes the
@@ -125,20 +125,94 @@ def _release_store(store, directory, job, ranks, epoch, rank, timeout):
     still running (one that left late, or was taken as failed while slow)
     keeps the directory until it is done too: the last member of the final
     epoch is not always the last user of the store. A job whose last rank
-    dies keeps its directory (the keys say what happened)."""
-    if directory is None:
-        return
-    import shutil
+    dies keeps its directory (the keys say what happened).
+
+    ``serving``: the description of the TCPStore this rank's process serves
+    (rank 0 of a launch without torchrun's agent: srun, or RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT set by hand), or None. Such a rank returns
+    only once no other rank uses the store (:func:`_wait_for_store_users`):
+    leaving with a dropped replica, or finishing first, it would take the
+    store from the ranks that go on."""
     prefix = f"strata/elastic/{job}"
     try:
         store.set(f"{prefix}/exited/{rank}", "1", timeout)
+        if serving is not None:
+            _wait_for_store_users(store, prefix, ranks, epoch, rank, timeout, serving)
+        if directory is None:
+            return
         for r in ranks:
             if r != rank and _peek(store, f"{prefix}/exited/{r}") is None and \
                     not _process_gone(store, prefix, r, epoch):
                 return
     except Exception:  # noqa: BLE001: the store is gone; nothing to remove then
         return
+    import shutil
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_for_store_users(store, prefix, ranks, epoch, rank, stale, serving):
+    """Waits while another rank of ``ranks`` uses the store this process
+    serves: one that has not marked itself exited, whose process runs and
+    whose heartbeat (its monitor thread beats while its loop is open)
+    changed within ``stale`` seconds. A rank that hangs, or that stopped
+    beating without closing, is not waited for past ``stale``. Says once,
+    after a second, why the process stays."""
+    import time
+    start = time.monotonic()
+    seen = {}  # rank -> (its latest heartbeat, when it last changed, its epoch)
+    done = set()
+    said = False
+    pause = max(0.1, 0.001 * len(ranks))  # a few store reads per rank and pause
+    while True:
+        now = time.monotonic()
+        users = []
+        for r in ranks:
+            if r == rank or r in done:
+                continue
+            if _peek(store, f"{prefix}/exited/{r}") is not None:
+                done.add(r)
+                continue
+            beat, e = _latest_beat(store, prefix, r, seen.get(r, (None, None, epoch))[2])
+            if beat is None or _gone(beat):
+                done.add(r)
+                continue
+            last, changed, _ = seen.get(r, (None, now, e))
+            if beat != last:
+                changed = now
+            seen[r] = (beat, changed, e)
+            if now - changed <= stale:
+                users.append(r)
+        if not users:
+            return
+        if not said and now - start > 1.0:
+            said = True
+            print(f"strata.elastic: rank {rank} serves the job's store ({serving}): its process "
+                  f"stays until rank(s) {users} are done with it", file=sys.stderr, flush=True)
+        time.sleep(pause)
+
+
+def _latest_beat(store, prefix, r, epoch):
+    """(rank ``r``'s heartbeat in the latest epoch it beat in at or after
+    ``epoch``, else before it, or None; that epoch)."""
+    e = epoch
+    while _peek(store, f"{prefix}/{e + 1}/hb/{r}") is not None:
+        e += 1
+    while e > 0:
+        beat = _peek(store, f"{prefix}/{e}/hb/{r}")
+        if beat is not None:
+            return beat, e
+        e -= 1
+    return None, epoch
+
+
+def _gone(beat):
+    """Whether the process a heartbeat names no longer runs (the monitors'
+    /proc probe; a process on another host is not taken as gone)."""
+    _, _, process = beat.partition(" ")
+    try:
+        return _strata._elastic_probe_process(process) == "gone"
+    except ElasticError:
+        return True  # not a process record: nothing to wait for
 
 
 def _peek(store, key):
@@ -157,14 +231,8 @@ def _process_gone(store, prefix, r, epoch):
     for e in range(epoch, 0, -1):
         beat = _peek(store, f"{prefix}/{e}/hb/{r}")
         if beat is not None:
-            break
-    else:
-        return True  # it never beat: it never got this far
-    _, _, process = beat.partition(" ")
-    try:
-        return _strata._elastic_probe_process(process) == "gone"
-    except ElasticError:
-        return True  # not a process record: nothing to wait for
+            return _gone(beat)
+    return True  # it never beat: it never got this far
 
 
 def _launcher_warning(launcher, env):

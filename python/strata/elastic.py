@@ -130,6 +130,11 @@ class Controller:
         self.options = options
         self.on_world_changed = on_world_changed
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
+        # The TCPStore this process serves (rank 0 without torchrun's agent):
+        # it must outlive every rank that uses it (close()).
+        served = getattr(world, "_store", (None, None))[1]
+        self._serving = (None if served is None or options.store is not None else
+                         f"torch TCPStore {served.host}:{served.port}")
         self._arrived = None  # a joiner placed in the mesh: its state comes first
         if getattr(world, "_join", None) is not None:
             self._loop = self._join(world)
@@ -679,7 +684,8 @@ class Controller:
         self._loop.stop()
         directory, self._store_dir = self._store_dir, None
         _release_store(self._store, directory, self.options.job, self._job_ranks,
-                       membership["epoch"], rank, self.options.heartbeat_timeout)
+                       membership["epoch"], rank, self.options.heartbeat_timeout,
+                       serving=self._serving)
 
 
 def _warm_up():

@@ -34,6 +34,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE = os.path.join(ROOT, "examples", "elastic", "train.py")
 
 
+def _stat(pid):
+    """(state, parent pid) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def descendants(pid):
+    """The pids of ``pid``'s live descendants (torchrun starts its workers
+    in sessions of their own, so a process group does not find them)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(name)
+            if st is not None:
+                children.setdefault(st[1], []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def running(pids):
+    """Those of ``pids`` that still run (zombies left out)."""
+    return [p for p in pids if (_stat(p) or ("Z", 0))[0] != "Z"]
+
+
 def mpirun_path():
     return os.environ.get("STRATA_MPIRUN") or os.path.join(sysconfig.get_paths()["data"], "bin",
                                                           "mpirun")
@@ -49,6 +81,10 @@ def command(launcher, np, example_args, python=sys.executable):
     if launcher == "torchrun":
         return ([python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                  str(np), EXAMPLE] + example_args)
+    if launcher == "env":  # RANK, WORLD_SIZE, MASTER_* by hand: rank 0 serves the store
+        return ([python, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                      "env_launch.py"), "--np", str(np), "--", EXAMPLE] +
+                example_args)
     if launcher == "none":
         return [python, EXAMPLE] + example_args
     raise ValueError(f"unknown launcher {launcher!r}")
@@ -69,6 +105,7 @@ class Job:
         self.np = np
         self.lines = []
         self.stderr = []
+        self.stderr_at = []  # when each line of stderr came (wall clock)
         self.timeout = timeout
         self.started = time.time()
         self._cv = threading.Condition()
@@ -95,6 +132,7 @@ class Job:
                     self.lines.append(obj)
                 else:
                     self.stderr.append(line.rstrip("\n"))
+                    self.stderr_at.append(time.time())
                 self._cv.notify_all()
 
     def steps(self):
@@ -332,7 +370,7 @@ def hold_released(job):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--launcher", choices=["mpirun", "torchrun"], required=True)
+    p.add_argument("--launcher", choices=["mpirun", "torchrun", "env"], required=True)
     p.add_argument("--np", type=int, default=8)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--after", type=int, default=5, help="steps before the kill")
