@@ -3,6 +3,7 @@
 // each with its own mapping of one board.
 #include "comm/gloo/plugin/host_p2p.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -367,6 +368,48 @@ TEST(HostP2PTest, PeerOutOfRangeIsAnError) {
   const Error e = ranks.p2p[0]->Send(&x, sizeof(x), 2, 100, &t);
   EXPECT_EQ(e.code, kInvalidArgument);
   EXPECT_THAT(e.message, HasSubstr("no such rank in a group of 2"));
+}
+
+}  // namespace
+}  // namespace strata::gloo_plugin
+
+namespace strata::gloo_plugin {
+namespace {
+
+bool BoardExists(const std::string& name) {
+  struct stat st;
+  return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+// A rank 0 killed while its group connected leaves its board in /dev/shm;
+// the next Create on the host removes it, and only boards whose creator is
+// gone.
+TEST(HostBoardTest, CreateRemovesTheBoardsOfCreatorsThatAreGone) {
+  const std::string mine = HostBoard::Create(2);
+  ASSERT_FALSE(mine.empty());
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string name = HostBoard::Create(2);
+    (void)!::write(fds[1], name.data(), name.size());
+    ::_exit(0);  // without unlinking it
+  }
+  ::close(fds[1]);
+  char buf[128] = {};
+  const ssize_t got = ::read(fds[0], buf, sizeof(buf) - 1);
+  ::close(fds[0]);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  ASSERT_GT(got, 0);
+  const std::string orphan(buf, static_cast<size_t>(got));
+  ASSERT_TRUE(BoardExists(orphan)) << orphan;
+  const std::string next = HostBoard::Create(2);
+  EXPECT_FALSE(BoardExists(orphan)) << orphan << " (its creator, pid " << child << ", is gone)";
+  EXPECT_TRUE(BoardExists(mine)) << mine << " (its creator runs)";
+  EXPECT_TRUE(BoardExists(next)) << next;
+  HostBoard::Unlink(mine);
+  HostBoard::Unlink(next);
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Host copies for the Gloo plugin (host_copy.h).
 #include "comm/gloo/plugin/host_copy.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -112,7 +114,35 @@ bool WriteRemote(int64_t pid, const void* local, uint64_t remote, size_t bytes) 
                      remote, bytes);
 }
 
+// Boards whose creator died between creating and unlinking them (a rank 0
+// killed while its group connected) stay in /dev/shm until the host
+// reboots; every Create removes those of this user whose creator's pid no
+// longer exists. (A board of a process in another pid namespace that shares
+// /dev/shm can look orphaned; removing it only makes that group's late
+// ranks give up host copies, which the connect agrees on.)
+void HostBoard::RemoveOrphans() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  constexpr char kPrefix[] = "strata-gloo-";
+  while (struct dirent* entry = readdir(dir)) {
+    const char* name = entry->d_name;
+    if (std::strncmp(name, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name + sizeof(kPrefix) - 1, &end, 10);
+    if (end == nullptr || *end != '-' || pid <= 0) continue;
+    struct stat st;
+    if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) {
+      continue;
+    }
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      shm_unlink((std::string("/") + name).c_str());
+    }
+  }
+  closedir(dir);
+}
+
 std::string HostBoard::Create(int n) {
+  RemoveOrphans();
   std::random_device rd;
   char name[64];
   std::snprintf(name, sizeof(name), "/strata-gloo-%ld-%08x%08x", static_cast<long>(getpid()), rd(),

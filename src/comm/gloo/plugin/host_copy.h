@@ -165,6 +165,9 @@ class HostBoard {
   static std::unique_ptr<HostBoard> Open(const std::string& name, int n);
   // Removes the name (mappings stay valid).
   static void Unlink(const std::string& name);
+  // Removes this user's boards whose creating process is gone (Create
+  // calls it).
+  static void RemoveOrphans();
   ~HostBoard();
   HostBoard(const HostBoard&) = delete;
   HostBoard& operator=(const HostBoard&) = delete;
