@@ -142,11 +142,10 @@ class GlooCommunicator final : public Communicator {
   absl::Status OnError(const absl::Status& status);
   // Connects a new communicator of `size` ranks (this one is `rank`)
   // through the store under `uid`; its waits for peers end with Aborted as
-  // soon as `cancelled` (when set) returns true. `poll_store`: see
-  // ConnectContext.
+  // soon as `cancelled` (when set) returns true.
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(
       const std::string& uid, int rank, int size, const CommOptions& options,
-      const std::function<bool()>& cancelled = {}, bool poll_store = true);
+      const std::function<bool()>& cancelled = {});
   // Runs a collective of this communicator and waits for it (for Split).
   absl::Status RunNow(absl::StatusOr<std::unique_ptr<Work>> work, absl::Time deadline);
   void CloseConnections();
@@ -196,12 +195,11 @@ class GlooCommunicator final : public Communicator {
 
 // Connects a context of `size` ranks through `store` under `uid` (also used
 // for the root). `cancelled` (when set) ends Gloo's waits (a peer's connect)
-// and, with `poll_store`, the store's too, which then look at their key
-// every 1-20 ms instead of blocking in the store until it appears (false:
-// a store wait ends when its key appears or at the deadline).
+// and the store's, which then block in the store for at most 50 ms at a
+// time between looks at it.
 absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
     const GlooRuntime& runtime, const std::string& uid, int rank, int size, absl::Time deadline,
-    const std::function<bool()>& cancelled = {}, bool poll_store = true);
+    const std::function<bool()>& cancelled = {});
 
 // A plugin error as a status whose message starts with `description`.
 absl::Status FromPlugin(const gloo_plugin::Error& e, absl::string_view description);

@@ -25,48 +25,48 @@ gloo_plugin::Error ToError(const absl::Status& s) {
   return {static_cast<int>(s.code()), std::string(s.message())};
 }
 
-// Waits for `key` until `deadline`; with `cancelled` set, by looking at it
-// (one look, no blocking wait) with pauses up to 20 ms, and ends with
-// Aborted as soon as `cancelled` returns true.
+// How long one blocking store wait lasts before `cancelled` is asked again.
+// A key that appears ends the wait at once, so this adds no latency; it
+// bounds how long an abort takes to end the wait.
+constexpr absl::Duration kCancelCheck = absl::Milliseconds(50);
+
+// Waits for `key` until `deadline`; with `cancelled` set, in blocking waits
+// of at most kCancelCheck, and ends with Aborted as soon as `cancelled`
+// returns true.
 absl::StatusOr<std::string> GetUnlessCancelled(Store& store, const std::string& key,
                                                absl::Time deadline,
                                                const std::function<bool()>& cancelled) {
   if (!cancelled) return store.Get(key, deadline);
-  absl::Duration pause = absl::Milliseconds(1);
   while (true) {
     if (cancelled()) {
       return absl::AbortedError(
           absl::StrCat("waiting for '", key, "': the communicator was aborted meanwhile"));
     }
-    absl::StatusOr<std::string> v = store.Get(key, absl::InfinitePast());
+    const absl::Time until = std::min(deadline, absl::Now() + kCancelCheck);
+    absl::StatusOr<std::string> v = store.Get(key, until);
     const bool absent = !v.ok() && (v.status().code() == absl::StatusCode::kDeadlineExceeded ||
                                     v.status().code() == absl::StatusCode::kNotFound);
-    if (!absent) return v;
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return store.Get(key, absl::InfinitePast());  // the last look's answer
-    absl::SleepFor(std::min(pause, deadline - now));
-    pause = std::min(pause * 2, absl::Milliseconds(20));
+    if (!absent || until >= deadline) return v;
   }
 }
 
 // The store as the plugin's rendezvous: keys under `prefix`, every wait
-// bounded by `deadline`; `cancelled` (when set) ends the plugin's waits and,
-// with `poll_store`, the store's.
+// bounded by `deadline`; `cancelled` (when set) ends the plugin's waits and
+// the store's.
 class StoreRendezvous final : public gloo_plugin::Rendezvous {
  public:
   StoreRendezvous(Store& store, std::string prefix, absl::Time deadline,
-                  std::function<bool()> cancelled, bool poll_store)
+                  std::function<bool()> cancelled)
       : store_(store),
         prefix_(std::move(prefix)),
         deadline_(deadline),
-        cancelled_(std::move(cancelled)),
-        poll_store_(poll_store) {}
+        cancelled_(std::move(cancelled)) {}
   gloo_plugin::Error Set(const std::string& key, const std::string& value) override {
     return ToError(store_.Set(absl::StrCat(prefix_, key), value, deadline_));
   }
   gloo_plugin::Error Get(const std::string& key, std::string* value) override {
-    absl::StatusOr<std::string> v = GetUnlessCancelled(
-        store_, absl::StrCat(prefix_, key), deadline_, poll_store_ ? cancelled_ : nullptr);
+    absl::StatusOr<std::string> v =
+        GetUnlessCancelled(store_, absl::StrCat(prefix_, key), deadline_, cancelled_);
     if (!v.ok()) return ToError(v.status());
     *value = *std::move(v);
     return {};
@@ -78,7 +78,6 @@ class StoreRendezvous final : public gloo_plugin::Rendezvous {
   const std::string prefix_;
   const absl::Time deadline_;
   const std::function<bool()> cancelled_;
-  const bool poll_store_;
 };
 
 // The device for `options` (an event-loop thread and an address), shared
@@ -108,8 +107,8 @@ absl::Status SharedDevice(GlooRuntime& runtime, const gloo_plugin::DeviceOptions
 
 absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
     const GlooRuntime& runtime, const std::string& uid, int rank, int size, absl::Time deadline,
-    const std::function<bool()>& cancelled, bool poll_store) {
-  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline, cancelled, poll_store);
+    const std::function<bool()>& cancelled) {
+  StoreRendezvous rv(*runtime.store, absl::StrCat(uid, "/m/"), deadline, cancelled);
   gloo_plugin::ConnectOptions options;
   options.rank = rank;
   options.size = size;
@@ -240,11 +239,10 @@ absl::Status GlooCommunicator::OnError(const absl::Status& status) {
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     const std::string& uid, int rank, int size, const CommOptions& options,
-    const std::function<bool()>& cancelled, bool poll_store) {
+    const std::function<bool()>& cancelled) {
   const absl::Time deadline = absl::Now() + options.timeout;
-  STRATA_ASSIGN_OR_RETURN(
-      std::unique_ptr<gloo_plugin::Context> context,
-      ConnectContext(*runtime_, uid, rank, size, deadline, cancelled, poll_store));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<gloo_plugin::Context> context,
+                          ConnectContext(*runtime_, uid, rank, size, deadline, cancelled));
   return std::make_unique<GlooCommunicator>(runtime_, std::move(context), options, uid);
 }
 
@@ -283,14 +281,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoSplit(
                    [&](const std::pair<int32_t, int>& m) { return m.second == rank(); }) -
       members.begin());
   const std::string uid = absl::StrCat(uid_, "/s", seq, "c", color);
-  // A member that dies after the rendezvous leaves the others in Gloo's
-  // connect: an abort of this communicator meanwhile (the elastic layer's
-  // alarm during a World rebuild) ends that wait at once. The store's waits
-  // block in the store as before (polling them would delay every split by
-  // up to a poll), ending at the deadline if the member is gone.
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(
-      uid, new_rank, static_cast<int>(members.size()), options,
-      [this, aborts] { return aborts_.load() != aborts; }, /*poll_store=*/false);
+  // A member that dies before or after the rendezvous leaves the others
+  // waiting for it in the store or in Gloo's connect: an abort of this
+  // communicator meanwhile (the elastic layer's alarm during a World
+  // rebuild) ends either wait at once.
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> child =
+      Connect(uid, new_rank, static_cast<int>(members.size()), options,
+              [this, aborts] { return aborts_.load() != aborts; });
   if (!child.ok()) return internal::Annotate(child.status(), what);
   return std::unique_ptr<Communicator>(std::move(child).value());
 }

@@ -293,9 +293,16 @@ TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingForADeadSurvivor) {
 // member that dies between the rendezvous and its connects.
 class StallingStore final : public Store {
  public:
-  StallingStore(std::shared_ptr<Store> inner, std::string part, std::atomic<bool>* released)
-      : inner_(std::move(inner)), part_(std::move(part)), released_(released) {}
+  // `before`: rank 2 stops before the rendezvous instead (at the write of
+  // its address record), so the others wait for it in the store.
+  StallingStore(std::shared_ptr<Store> inner, std::string part, std::atomic<bool>* released,
+                bool before = false)
+      : inner_(std::move(inner)), part_(std::move(part)), released_(released), before_(before) {}
   absl::Status Set(absl::string_view key, absl::string_view value, absl::Time d) override {
+    if (before_ && absl::StrContains(key, part_) && absl::EndsWith(key, "/m/a/2")) {
+      while (!released_->load()) absl::SleepFor(absl::Milliseconds(5));
+      return absl::UnavailableError("this rank is taken for dead");
+    }
     return inner_->Set(key, value, d);
   }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Time d) override {
@@ -321,6 +328,7 @@ class StallingStore final : public Store {
   std::shared_ptr<Store> inner_;
   const std::string part_;
   std::atomic<bool>* released_;
+  const bool before_;
 };
 
 // Rank 2 of 3 stops after a shrink's (or a split's) rendezvous: ranks 0 and
@@ -404,6 +412,59 @@ TEST(GlooThreadsTest, AnAbortEndsASplitWaitingInGloosConnect) {
 
 TEST(GlooThreadsTest, ASplitWaitingInGloosConnectEndsAtItsTimeout) {
   SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/false, /*abort=*/false);
+}
+
+// Rank 2 of 3 stops before a split's (or a shrink's) rendezvous: ranks 0
+// and 1 wait for its address in the store, a wait an abort of the parent
+// ends at once (the split's waited until the child's timeout, 60 s here).
+void SplitOrShrinkWithARankLostBeforeTheRendezvous(bool shrink) {
+  auto shared = MakeMemoryStore();
+  std::atomic<bool> released{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      RootOptions options;
+      options.comm.timeout = absl::Seconds(30);
+      std::shared_ptr<Store> store = shared;
+      if (r == 2) {
+        store = std::make_shared<StallingStore>(shared, shrink ? "/k" : "/s", &released,
+                                                /*before=*/true);
+      }
+      auto comm = GlooCommunicator::CreateRoot(options, store, r, 3);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Communicator& c = **comm;
+      CommOptions child;
+      child.timeout = absl::Seconds(60);
+      auto make = [&] { return shrink ? c.Shrink({}, child) : c.Split(0, r, child); };
+      if (r == 2) {
+        EXPECT_FALSE(make().ok());  // returns once released
+        return;
+      }
+      const absl::Time start = absl::Now();
+      std::thread aborter([&] {
+        absl::SleepFor(absl::Milliseconds(500));
+        EXPECT_TRUE(c.Abort().ok());
+      });
+      auto made = make();
+      aborter.join();
+      const absl::Duration took = absl::Now() - start;
+      ASSERT_FALSE(made.ok()) << "rank " << r;
+      EXPECT_EQ(made.status().code(), absl::StatusCode::kAborted) << made.status();
+      EXPECT_LT(took, absl::Seconds(5)) << "waited " << took << ": " << made.status();
+    });
+  }
+  threads[0].join();
+  threads[1].join();
+  released.store(true);
+  threads[2].join();
+}
+
+TEST(GlooThreadsTest, AnAbortEndsASplitWaitingInTheStoreForAMemberThatNeverCame) {
+  SplitOrShrinkWithARankLostBeforeTheRendezvous(/*shrink=*/false);
+}
+
+TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingInTheStoreForAMemberThatNeverCame) {
+  SplitOrShrinkWithARankLostBeforeTheRendezvous(/*shrink=*/true);
 }
 
 // A message travels as a header, a first part of at most 1 MiB and the
