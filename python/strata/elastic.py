@@ -132,9 +132,12 @@ class Controller:
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
         # The TCPStore this process serves (rank 0 without torchrun's agent):
         # it must outlive every rank that uses it (close()).
-        served = getattr(world, "_store", (None, None))[1]
-        self._serving = (None if served is None or options.store is not None else
-                         f"torch TCPStore {served.host}:{served.port}")
+        self._serving = None
+        if getattr(world, "_store", (None, None))[1] is not None and options.store is None:
+            from .store import _serves_rendezvous
+            launch = _strata.launch_env(None)
+            if _serves_rendezvous(launch):
+                self._serving = f"torch TCPStore {launch.master_addr}:{launch.master_port}"
         self._arrived = None  # a joiner placed in the mesh: its state comes first
         if getattr(world, "_join", None) is not None:
             self._loop = self._join(world)

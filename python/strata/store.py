@@ -130,6 +130,17 @@ def tcp_store(host, port, timeout=60.0, prefix="strata/"):
     return _strata._tcp_store(str(host), int(port), float(timeout), str(prefix))
 
 
+def _serves_rendezvous(launch, env=None):
+    """Whether this process serves the TCPStore at the launch's
+    MASTER_ADDR:MASTER_PORT: rank 0, unless torchrun's agent serves it
+    (TORCHELASTIC_USE_AGENT_STORE=True for that address)."""
+    env = os.environ if env is None else env
+    agent = (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+             and env.get("MASTER_ADDR") == launch.master_addr
+             and env.get("MASTER_PORT") == str(launch.master_port))
+    return not agent and launch.rank == 0
+
+
 def connect_torchrun(launch, timeout, env=None):
     """Connects to the TCPStore at the launch's MASTER_ADDR:MASTER_PORT the
     way torch.distributed's env:// rendezvous does: under torchrun the agent
@@ -145,10 +156,7 @@ def connect_torchrun(launch, timeout, env=None):
             f"rank {launch.rank} of {launch.world_size} (launcher {launch.launcher}) needs a store "
             f"to bootstrap, and MASTER_ADDR/MASTER_PORT are not set (got '{host}', {port}); "
             "set them, or pass store=strata.store.file_store('/shared/dir')")
-    env = os.environ if env is None else env
-    agent = (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-             and env.get("MASTER_ADDR") == host and env.get("MASTER_PORT") == str(port))
-    serve = not agent and launch.rank == 0
+    serve = _serves_rendezvous(launch, env)
     try:
         store = dist.TCPStore(host, port, launch.world_size, serve,
                               timeout=datetime.timedelta(seconds=timeout),
