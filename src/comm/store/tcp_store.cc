@@ -66,6 +66,13 @@ constexpr absl::Duration kAnswerGrace = absl::Seconds(10);
 
 absl::Time AnswerBy(absl::Time deadline) { return std::max(deadline, absl::Now() + kAnswerGrace); }
 
+// How long a client that was connected tries to connect again.
+constexpr absl::Duration kReconnectWithin = absl::Seconds(2);
+
+// How long data sent may stay unacknowledged by the server's host before
+// the connection counts as broken (TCP_USER_TIMEOUT).
+constexpr absl::Duration kDeadPeer = absl::Seconds(8);
+
 // A request being built.
 class Request {
  public:
@@ -178,9 +185,13 @@ class TcpStoreClient final : public Store {
   // refusal is final: the server listened and no longer does, so its
   // process is gone (torch's TCPStore is not restarted on its port), and
   // retrying until the deadline (at least kAnswerGrace) would only keep a
-  // caller that is stopping, e.g. a monitor being joined, waiting.
+  // caller that is stopping, e.g. a monitor being joined, waiting. A
+  // reconnection that is neither refused nor accepted (the server's host
+  // is down or cut off) is given up after kReconnectWithin, whatever the
+  // request's deadline: the answer grace is for a server that is there.
   absl::Status Connected(absl::Time deadline) {
     if (fd_ >= 0) return absl::OkStatus();
+    if (was_connected_) deadline = std::min(deadline, absl::Now() + kReconnectWithin);
     std::string last = "no address";
     bool refused = false;
     absl::Duration pause = absl::Milliseconds(10);
@@ -220,6 +231,21 @@ class TcpStoreClient final : public Store {
     was_connected_ = true;
     const int one = 1;
     (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // A server whose host went down or was cut off sends no reset: without
+    // these, a request waits for its answer until its deadline (a commit's
+    // is 10 minutes), and TCP retransmits for about 15. The kernel answers
+    // keepalive probes however busy the server is, so these fire only when
+    // its host does not answer: after kDeadPeer with a request unanswered
+    // by TCP, or after an idle wait plus five unanswered probes.
+    const int idle = 3, interval = 1, probes = 5;
+    const unsigned int user_timeout_ms =
+        static_cast<unsigned int>(absl::ToInt64Milliseconds(kDeadPeer));
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+    (void)::setsockopt(fd_, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms,
+                       sizeof(user_timeout_ms));
     Request validate(kValidate);
     validate.Value<uint32_t>(kValidationMagic);
     return Write(validate.bytes(), deadline, "connect", "");
