@@ -177,6 +177,10 @@ absl::Status ElasticLoop::BeginStep(int64_t step) {
 
 absl::StatusOr<bool> ElasticLoop::Commit(int64_t step, bool ok) {
   if (ok && monitor_->alarm().has_value()) ok = false;
+  if (absl::Status lost = monitor_->store_status(); !lost.ok()) {
+    // The monitor found the store gone: a vote would wait for it again.
+    return StoreLost(rank_, membership_, *store_, lost, absl::StrCat("voting on step ", step));
+  }
   absl::StatusOr<bool> committed = commit_->Vote(step, ok);
   if (StoreUnreachable(committed.status())) {
     return StoreLost(rank_, membership_, *store_, committed.status(),

@@ -153,8 +153,7 @@ void HeartbeatMonitor::OnAlarm(Epoch& epoch, const Detection& alarm) {
     epoch.known_at = absl::Now();
   }
   if (config_.on_alarm) config_.on_alarm(alarm, epoch.membership.epoch);
-  std::lock_guard<std::mutex> lock(mu_);
-  (void)CheckInLocked(epoch, {});
+  (void)CheckInOn(epoch, {});
 }
 
 absl::StatusOr<Detection> HeartbeatMonitor::Raise(const Detection& cause) {
@@ -169,6 +168,12 @@ absl::StatusOr<Detection> HeartbeatMonitor::Raise(const Detection& cause) {
 
 absl::StatusOr<Detection> HeartbeatMonitor::RaiseIn(Epoch& e, const Detection& cause) {
   Epoch* epoch = &e;
+  if (absl::Status lost = store_status(); !lost.ok()) {
+    // The store is gone: nothing to write (each write would wait for it);
+    // this rank stops on the alarm.
+    OnAlarm(*epoch, cause);
+    return lost;
+  }
   const absl::Time deadline = absl::Now() + config_.options.heartbeat_timeout;
   absl::StatusOr<std::string> won =
       config_.store->CompareSet(epoch->keys.Alarm(), "", EncodeDetection(cause), deadline);
@@ -191,15 +196,25 @@ absl::StatusOr<Detection> HeartbeatMonitor::RaiseIn(Epoch& e, const Detection& c
 }
 
 absl::Status HeartbeatMonitor::CheckIn(const std::vector<int>& suspects) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (epoch_ == nullptr) return absl::FailedPreconditionError("the monitor watches no epoch yet");
-  return CheckInLocked(*epoch_, suspects);
+  std::shared_ptr<Epoch> epoch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch = epoch_;
+  }
+  if (epoch == nullptr) return absl::FailedPreconditionError("the monitor watches no epoch yet");
+  return CheckInOn(*epoch, suspects);
 }
 
-absl::Status HeartbeatMonitor::CheckInLocked(Epoch& epoch, const std::vector<int>& suspects) {
-  if (epoch.checked_in) return absl::OkStatus();
+absl::Status HeartbeatMonitor::CheckInOn(Epoch& epoch, const std::vector<int>& suspects) {
+  std::lock_guard<std::mutex> io(checkin_mu_);
+  absl::Time known;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (epoch.checked_in) return absl::OkStatus();
+    if (!store_status_.ok()) return store_status_;
+    known = epoch.known_at == absl::InfinitePast() ? absl::Now() : epoch.known_at;
+  }
   const absl::Time deadline = absl::Now() + config_.options.heartbeat_timeout;
-  const absl::Time known = epoch.known_at == absl::InfinitePast() ? absl::Now() : epoch.known_at;
   nlohmann::json j = {
       {"known_at", Unix(known)}, {"suspects", suspects}, {"process", internal::Self().Encode()}};
   // Evidence from a backend (MPI names failed ranks) is recorded for the
@@ -212,9 +227,11 @@ absl::Status HeartbeatMonitor::CheckInLocked(Epoch& epoch, const std::vector<int
     }
   }
   STRATA_RETURN_IF_ERROR(config_.store->Set(epoch.keys.Alive(config_.rank), j.dump(), deadline));
-  epoch.checked_in = true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch.checked_in = true;
+  }
   return config_.store->Add(epoch.keys.CheckIns(), 1, deadline).status();
-  return absl::OkStatus();
 }
 
 void HeartbeatMonitor::Run() {

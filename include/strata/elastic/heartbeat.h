@@ -108,14 +108,17 @@ class STRATA_EXPORT HeartbeatMonitor {
   void Tick(Epoch& epoch);
   void OnAlarm(Epoch& epoch, const Detection& alarm);
   absl::StatusOr<Detection> RaiseIn(Epoch& epoch, const Detection& cause);
-  absl::Status CheckInLocked(Epoch& epoch, const std::vector<int>& suspects);
+  // Checks in for `epoch`: store I/O, under checkin_mu_ only (never mu_,
+  // which the training thread's Raise and alarm() take).
+  absl::Status CheckInOn(Epoch& epoch, const std::vector<int>& suspects);
 
   const Config config_;
+  std::mutex checkin_mu_;  // one check-in at a time
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
   std::shared_ptr<Epoch> epoch_;  // guarded by mu_
-  absl::Status store_status_;
+  absl::Status store_status_;     // guarded by mu_: not OK once the store is lost
   std::thread thread_;
 };
 
