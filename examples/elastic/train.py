@@ -132,6 +132,10 @@ def parse(argv=None):
                         "the GPUs visible; use with --backend nccl)")
     p.add_argument("--heartbeat-timeout", type=float, default=None,
                    help="seconds without a heartbeat before a rank counts as hung")
+    p.add_argument("--no-fence", action="store_true",
+                   help="do not kill a rank of this host taken as failed while its process "
+                        "runs (Options.fence_unresponsive=False): as across hosts, it must stop "
+                        "by itself")
     p.add_argument("--restore", default="auto", choices=["auto", "memory", "checkpoint"])
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="save a checkpoint every N steps into --report/ckpt (0: never)")
@@ -522,6 +526,8 @@ def main(argv=None):
             exchange=args.straggler_exchange)
     if args.heartbeat_timeout:
         options.heartbeat_timeout = args.heartbeat_timeout
+    if args.no_fence:
+        options.fence_unresponsive = False
     if args.checkpoint_every or args.restore == "checkpoint":
         if not args.report:
             raise SystemExit("--checkpoint-every and --restore checkpoint need --report DIR")

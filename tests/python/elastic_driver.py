@@ -71,7 +71,7 @@ def mpirun_path():
                                                           "mpirun")
 
 
-def command(launcher, np, example_args, python=sys.executable):
+def command(launcher, np, example_args, python=sys.executable, launch_args=()):
     """The launch line of the docs, with what this machine needs (root,
     more ranks than cores)."""
     if launcher == "mpirun":
@@ -83,8 +83,8 @@ def command(launcher, np, example_args, python=sys.executable):
                  str(np), EXAMPLE] + example_args)
     if launcher == "env":  # RANK, WORLD_SIZE, MASTER_* by hand: rank 0 serves the store
         return ([python, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                      "env_launch.py"), "--np", str(np), "--", EXAMPLE] +
-                example_args)
+                                      "env_launch.py"), "--np", str(np)] + list(launch_args) +
+                ["--", EXAMPLE] + example_args)
     if launcher == "none":
         return [python, EXAMPLE] + example_args
     raise ValueError(f"unknown launcher {launcher!r}")
@@ -93,7 +93,7 @@ def command(launcher, np, example_args, python=sys.executable):
 class Job:
     """A running job: its output lines (parsed JSON on stdout; stderr kept)."""
 
-    def __init__(self, launcher, np, example_args, out, env=None, timeout=240):
+    def __init__(self, launcher, np, example_args, out, env=None, timeout=240, launch_args=()):
         self.out = out
         self.pid_dir = os.path.join(out, "pids")
         self.report = os.path.join(out, "report")
@@ -101,7 +101,7 @@ class Job:
             shutil.rmtree(d, ignore_errors=True)
             os.makedirs(d)
         args = list(example_args) + ["--pid-dir", self.pid_dir, "--report", self.report]
-        self.cmd = command(launcher, np, args)
+        self.cmd = command(launcher, np, args, launch_args=launch_args)
         self.np = np
         self.lines = []
         self.stderr = []

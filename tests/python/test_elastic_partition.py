@@ -1,0 +1,152 @@
+"""A real network partition: examples/elastic/train.py on 4 ranks (dp4),
+each rank in a network namespace of its own (and a UTS namespace with its
+own host name, as on a host of its own), joined by a bridge on which this
+test serves the job's TCPStore (as torchrun's agent would:
+TORCHELASTIC_USE_AGENT_STORE=True; tests/python/env_launch.py --netns).
+After a few steps one rank's link is cut (``ip link set ... down``): it
+reaches neither its peers nor the store, and no reset tells anyone.
+
+Checked:
+- the majority (3 of the 4 members) finds the cut rank by its heartbeat,
+  drops it and trains on: each exits 0, one recovery event naming it, and
+  the final parameters equal a reference run's (one process, the same
+  global batches, no failure);
+- the cut rank stops by itself (the job runs with --no-fence: as across
+  hosts, nobody can kill it) with a non-zero status and an error naming
+  the store, within STOP seconds of the cut (measured: about 15 s, mostly
+  TCP's own detection of a silent server, 8 s, and the heartbeat timeout,
+  2 s; before keepalives on the store client it was still waiting after
+  140 s).
+
+Needs root, iproute2 and unshare (skipped otherwise).
+"""
+
+import datetime
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import elastic_driver as D  # noqa: E402
+
+from strata import checkpoint  # noqa: E402
+
+NP = 4
+STEPS = 30
+LR = 0.05
+BATCH = 48
+STOP = 45.0
+ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR), "--tp", "1"]
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None,
+    reason="needs root, iproute2 and unshare to make network namespaces")
+
+
+def ip(*args, ns=None, check=True):
+    cmd = (["ip", "netns", "exec", ns] if ns else []) + ["ip"] + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+
+class Network:
+    """A bridge (the store's side, .254) and one namespace per rank (.r+1),
+    in a 10.213.x.0/24 of this process; removed by close()."""
+
+    def __init__(self, n):
+        tag = str(os.getpid() % 100000)
+        self.subnet = f"10.213.{os.getpid() % 200 + 20}"
+        self.bridge = f"stb{tag}"
+        self.ns = [f"strata{tag}-{r}" for r in range(n)]
+        self.veth = [f"st{tag}r{r}" for r in range(n)]  # the bridge's end of rank r's link
+        self.store_addr = f"{self.subnet}.254"
+        try:
+            ip("link", "add", self.bridge, "type", "bridge")
+            ip("addr", "add", f"{self.store_addr}/24", "dev", self.bridge)
+            ip("link", "set", self.bridge, "up")
+            for r in range(n):
+                ip("netns", "add", self.ns[r])
+                ip("link", "add", self.veth[r], "type", "veth", "peer", "name", "eth0", "netns",
+                   self.ns[r])
+                ip("link", "set", self.veth[r], "master", self.bridge)
+                ip("link", "set", self.veth[r], "up")
+                ip("addr", "add", f"{self.subnet}.{r + 1}/24", "dev", "eth0", ns=self.ns[r])
+                ip("link", "set", "eth0", "up", ns=self.ns[r])
+                ip("link", "set", "lo", "up", ns=self.ns[r])
+        except Exception:
+            self.close()
+            raise
+
+    def cut(self, r):
+        ip("link", "set", self.veth[r], "down")
+
+    def close(self):
+        for ns in self.ns:
+            ip("netns", "del", ns, check=False)
+        ip("link", "del", self.bridge, check=False)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The final parameters of the same training in one process."""
+    out = str(tmp_path_factory.mktemp("reference"))
+    job = D.Job("none", 1, ["--steps", str(STEPS)] + ARGS, out, timeout=120)
+    rc = job.finish()
+    assert rc == 0, job.tail()
+    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+
+
+def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):
+    import torch.distributed as dist
+    seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    cut = rng.randrange(NP)
+    print(f"partition: seed {seed}, rank {cut} cut off", flush=True)
+    net = Network(NP)
+    job = None
+    try:
+        store = dist.TCPStore("0.0.0.0", 0, NP, True, timeout=datetime.timedelta(seconds=60),
+                              wait_for_workers=False)
+        args = ["--steps", str(STEPS), "--step-sleep", "0.1", "--heartbeat-timeout", "2",
+                "--no-fence"] + ARGS
+        job = D.Job("env", NP, args, str(tmp_path), timeout=200,
+                    launch_args=["--netns", ",".join(net.ns), "--master-addr", net.store_addr,
+                                 "--master-port", str(store.port)])
+        job.wait_pids(120)
+        job.wait_for(lambda: len(job.steps()) >= 4, "4 steps", 120)
+        time.sleep(rng.uniform(0.0, 0.5))
+        cut_at = time.time()
+        net.cut(cut)
+        rc = job.finish()
+    finally:
+        if job is not None and job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+        net.close()
+    print(job.tail(12))
+    status = {ln["rank"]: ln["status"] for ln in job.lines if ln.get("event") == "exit"}
+    majority = sorted(set(range(NP)) - {cut})
+    assert rc == 1 and status == {r: (1 if r == cut else 0) for r in range(NP)}, \
+        (status, job.tail(80))
+
+    # The cut rank stopped by itself, naming the store.
+    what = f"rank {cut} stops: it cannot reach the elastic store torch TCPStore"
+    stopped = [t - cut_at for line, t in zip(job.stderr, job.stderr_at) if what in line]
+    assert stopped, job.tail(80)
+    assert stopped[0] < STOP, (stopped[0], job.tail(80))
+
+    # The majority dropped it once and finished like the reference.
+    lines = job.recoveries()
+    assert len(lines) == 1 and lines[0]["failed"] == [cut], job.tail(80)
+    assert lines[0]["cause"]["source"] == "heartbeat", lines[0]["cause"]
+    known = lines[0]["known_by_all_at"] - cut_at
+    D.check_survivors(job, majority, STEPS, LR, BATCH, reference)
+    print(f"partition: rank {cut} cut at {cut_at:.3f}; the majority knew after {known:.2f} s "
+          f"and trained on (dp3); the cut rank stopped naming the store after "
+          f"{stopped[0]:.2f} s", flush=True)
