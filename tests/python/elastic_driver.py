@@ -196,6 +196,18 @@ class Job:
         return out
 
 
+def reference_model(out, steps, example_args, timeout=120):
+    """The final parameters of the example trained in one process for
+    ``steps`` steps (tp 1 unless ``example_args`` say otherwise), without
+    any failure: what a job that kept its global batch across a change of
+    membership must end with."""
+    from strata import checkpoint
+    job = Job("none", 1, ["--steps", str(steps)] + list(example_args), out, timeout=timeout)
+    rc = job.finish()
+    assert rc == 0, job.tail()
+    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+
+
 def kill_rank(job, rank, sig, after_steps, when, rng, timeout):
     """Waits for the job to reach ``after_steps`` steps, then sends ``sig``
     to ``rank``'s training process: right after a step line ("between", with

@@ -35,7 +35,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import elastic_driver as D  # noqa: E402
 
-from strata import checkpoint  # noqa: E402
 
 NP = 4
 STEPS = 30
@@ -95,12 +94,7 @@ class Network:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The final parameters of the same training in one process."""
-    out = str(tmp_path_factory.mktemp("reference"))
-    job = D.Job("none", 1, ["--steps", str(STEPS)] + ARGS, out, timeout=120)
-    rc = job.finish()
-    assert rc == 0, job.tail()
-    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+    return D.reference_model(str(tmp_path_factory.mktemp("reference")), STEPS, ARGS)
 
 
 def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):

@@ -37,7 +37,6 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import elastic_driver as D  # noqa: E402
 
-from strata import checkpoint  # noqa: E402
 
 CASE = os.environ.get("STRATA_ELASTIC_CASE", "server-leaves")
 NP = 4
@@ -52,12 +51,8 @@ ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The final parameters of the same training in one process, tp 1."""
     out = str(tmp_path_factory.mktemp("reference"))
-    job = D.Job("none", 1, ["--steps", str(STEPS), "--tp", "1"] + ARGS, out, timeout=120)
-    rc = job.finish()
-    assert rc == 0, job.tail()
-    return checkpoint.load(os.path.join(job.report, "final"))["model"]
+    return D.reference_model(out, STEPS, ["--tp", "1"] + ARGS)
 
 
 def start(tmp, launcher, steps):

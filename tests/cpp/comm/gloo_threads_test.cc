@@ -337,7 +337,7 @@ class StallingStore final : public Store {
 // abort of the communicator being shrunk or split ends that wait at once
 // (`abort` true), and without one the new communicator's creation ends at
 // its own timeout (1.5 s), not five times it.
-void SplitOrShrinkWithARankLostAfterTheRendezvous(bool shrink, bool abort) {
+void SplitOrShrinkWithARankLost(bool shrink, bool abort, bool before = false) {
   auto shared = MakeMemoryStore();
   std::atomic<bool> released{false};
   std::vector<std::thread> threads;
@@ -346,7 +346,9 @@ void SplitOrShrinkWithARankLostAfterTheRendezvous(bool shrink, bool abort) {
       RootOptions options;
       options.comm.timeout = absl::Seconds(60);
       std::shared_ptr<Store> store = shared;
-      if (r == 2) store = std::make_shared<StallingStore>(shared, shrink ? "/k" : "/s", &released);
+      if (r == 2) {
+        store = std::make_shared<StallingStore>(shared, shrink ? "/k" : "/s", &released, before);
+      }
       auto comm = GlooCommunicator::CreateRoot(options, store, r, 3);
       ASSERT_TRUE(comm.ok()) << comm.status();
       Communicator& c = **comm;
@@ -368,6 +370,12 @@ void SplitOrShrinkWithARankLostAfterTheRendezvous(bool shrink, bool abort) {
       const absl::Duration took = absl::Now() - start;
       ASSERT_FALSE(made.ok()) << "rank " << r;
       const absl::Status& s = made.status();
+      if (before) {
+        EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+        EXPECT_TRUE(absl::StrContains(s.message(), "was aborted meanwhile")) << s;
+        EXPECT_LT(took, absl::Seconds(5)) << "waited " << took << ": " << s;
+        return;
+      }
       if (abort) {
         // The first to give up fails its pairs, so the other may learn of
         // it from its connections before its own abort comes.
@@ -397,74 +405,33 @@ void SplitOrShrinkWithARankLostAfterTheRendezvous(bool shrink, bool abort) {
 }
 
 TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingInGloosConnect) {
-  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/true, /*abort=*/true);
+  SplitOrShrinkWithARankLost(/*shrink=*/true, /*abort=*/true);
 }
 
 TEST(GlooThreadsTest, AShrinkWaitingInGloosConnectEndsAtItsTimeout) {
-  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/true, /*abort=*/false);
+  SplitOrShrinkWithARankLost(/*shrink=*/true, /*abort=*/false);
 }
 
 // The same for a split (the elastic layer splits the World's groups off the
 // new job communicator during a rebuild, and its alarm aborts that one).
 TEST(GlooThreadsTest, AnAbortEndsASplitWaitingInGloosConnect) {
-  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/false, /*abort=*/true);
+  SplitOrShrinkWithARankLost(/*shrink=*/false, /*abort=*/true);
 }
 
 TEST(GlooThreadsTest, ASplitWaitingInGloosConnectEndsAtItsTimeout) {
-  SplitOrShrinkWithARankLostAfterTheRendezvous(/*shrink=*/false, /*abort=*/false);
+  SplitOrShrinkWithARankLost(/*shrink=*/false, /*abort=*/false);
 }
 
-// Rank 2 of 3 stops before a split's (or a shrink's) rendezvous: ranks 0
-// and 1 wait for its address in the store, a wait an abort of the parent
-// ends at once (the split's waited until the child's timeout, 60 s here).
-void SplitOrShrinkWithARankLostBeforeTheRendezvous(bool shrink) {
-  auto shared = MakeMemoryStore();
-  std::atomic<bool> released{false};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      RootOptions options;
-      options.comm.timeout = absl::Seconds(30);
-      std::shared_ptr<Store> store = shared;
-      if (r == 2) {
-        store = std::make_shared<StallingStore>(shared, shrink ? "/k" : "/s", &released,
-                                                /*before=*/true);
-      }
-      auto comm = GlooCommunicator::CreateRoot(options, store, r, 3);
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      Communicator& c = **comm;
-      CommOptions child;
-      child.timeout = absl::Seconds(60);
-      auto make = [&] { return shrink ? c.Shrink({}, child) : c.Split(0, r, child); };
-      if (r == 2) {
-        EXPECT_FALSE(make().ok());  // returns once released
-        return;
-      }
-      const absl::Time start = absl::Now();
-      std::thread aborter([&] {
-        absl::SleepFor(absl::Milliseconds(500));
-        EXPECT_TRUE(c.Abort().ok());
-      });
-      auto made = make();
-      aborter.join();
-      const absl::Duration took = absl::Now() - start;
-      ASSERT_FALSE(made.ok()) << "rank " << r;
-      EXPECT_EQ(made.status().code(), absl::StatusCode::kAborted) << made.status();
-      EXPECT_LT(took, absl::Seconds(5)) << "waited " << took << ": " << made.status();
-    });
-  }
-  threads[0].join();
-  threads[1].join();
-  released.store(true);
-  threads[2].join();
-}
-
+// Rank 2 of 3 stops before a split's (or a shrink's) rendezvous instead
+// (`before`): ranks 0 and 1 wait for its address in the store, a wait an
+// abort of the parent ends at once (the split's waited until the child's
+// timeout, 60 s here).
 TEST(GlooThreadsTest, AnAbortEndsASplitWaitingInTheStoreForAMemberThatNeverCame) {
-  SplitOrShrinkWithARankLostBeforeTheRendezvous(/*shrink=*/false);
+  SplitOrShrinkWithARankLost(/*shrink=*/false, /*abort=*/true, /*before=*/true);
 }
 
 TEST(GlooThreadsTest, AnAbortEndsAShrinkWaitingInTheStoreForAMemberThatNeverCame) {
-  SplitOrShrinkWithARankLostBeforeTheRendezvous(/*shrink=*/true);
+  SplitOrShrinkWithARankLost(/*shrink=*/true, /*abort=*/true, /*before=*/true);
 }
 
 // A message travels as a header, a first part of at most 1 MiB and the
