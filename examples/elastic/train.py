@@ -132,6 +132,9 @@ def parse(argv=None):
                         "the GPUs visible; use with --backend nccl)")
     p.add_argument("--heartbeat-timeout", type=float, default=None,
                    help="seconds without a heartbeat before a rank counts as hung")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds an operation may take before it fails (strata.init timeout): "
+                        "what finds a peer that is alive but unreachable")
     p.add_argument("--no-fence", action="store_true",
                    help="do not kill a rank of this host taken as failed while its process "
                         "runs (Options.fence_unresponsive=False): as across hosts, it must stop "
@@ -399,7 +402,7 @@ def main(argv=None):
         device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     world = strata.init(strata.Mesh(launch.world_size - args.spares, **sizes),
-                        backend=args.backend, timeout=120, spares=args.spares)
+                        backend=args.backend, timeout=args.timeout, spares=args.spares)
     joiner = world.joining  # a process joining the running job (a restarted rank)
     # This rank's strata.timeline.Timeline (--timeline), made in build(world):
     # a spare, or a process that joins, has no place before.
