@@ -117,6 +117,18 @@ def _store_for(world, options):
         "STRATA_STORE=file:/shared/dir or pass Options(store=...)")
 
 
+def _served_store(world, options):
+    """The description of the TCPStore this process serves for the job
+    (rank 0 of a launch without torchrun's agent), or None."""
+    if getattr(world, "_store", (None, None))[1] is None or options.store is not None:
+        return None
+    from .store import _serves_rendezvous
+    launch = _strata.launch_env(None)
+    if not _serves_rendezvous(launch):
+        return None
+    return f"torch TCPStore {launch.master_addr}:{launch.master_port}"
+
+
 def _release_store(store, directory, job, ranks, epoch, rank, timeout, serving=None):
     """Called by every rank when it is done with the elastic store (its loop
     closed, or it leaves): it marks itself done, and the rank that then finds

@@ -66,9 +66,8 @@ from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineE
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
 from ._elastic_transfer import receiving_state, unsaved_buffers as _unsaved_buffers
-from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _store_for,  # noqa: F401
-                              _supervised,
-                              shutdown, supervise)
+from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _served_store,  # noqa: F401
+                              _store_for, _supervised, shutdown, supervise)
 
 __all__ = [
     "run",
@@ -130,14 +129,7 @@ class Controller:
         self.options = options
         self.on_world_changed = on_world_changed
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
-        # The TCPStore this process serves (rank 0 without torchrun's agent):
-        # it must outlive every rank that uses it (close()).
-        self._serving = None
-        if getattr(world, "_store", (None, None))[1] is not None and options.store is None:
-            from .store import _serves_rendezvous
-            launch = _strata.launch_env(None)
-            if _serves_rendezvous(launch):
-                self._serving = f"torch TCPStore {launch.master_addr}:{launch.master_port}"
+        self._serving = _served_store(world, options)  # it must outlive its users (close())
         self._arrived = None  # a joiner placed in the mesh: its state comes first
         if getattr(world, "_join", None) is not None:
             self._loop = self._join(world)
