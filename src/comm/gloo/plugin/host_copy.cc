@@ -116,10 +116,11 @@ bool WriteRemote(int64_t pid, const void* local, uint64_t remote, size_t bytes) 
 
 // Boards whose creator died between creating and unlinking them (a rank 0
 // killed while its group connected) stay in /dev/shm until the host
-// reboots; every Create removes those of this user whose creator's pid no
-// longer exists. (A board of a process in another pid namespace that shares
-// /dev/shm can look orphaned; removing it only makes that group's late
-// ranks give up host copies, which the connect agrees on.)
+// reboots; every Create removes those of this user whose creator is gone
+// (ProcessGone: no such pid, or a zombie). A board of a process in another
+// pid namespace that shares /dev/shm can look orphaned; removing it only
+// makes that group's late ranks give up host copies, which the connect
+// agrees on.
 void HostBoard::RemoveOrphans() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return;
@@ -134,9 +135,7 @@ void HostBoard::RemoveOrphans() {
     if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) {
       continue;
     }
-    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      shm_unlink((std::string("/") + name).c_str());
-    }
+    if (ProcessGone(pid)) shm_unlink((std::string("/") + name).c_str());
   }
   closedir(dir);
 }
