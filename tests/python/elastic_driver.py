@@ -135,6 +135,12 @@ class Job:
                     self.stderr_at.append(time.time())
                 self._cv.notify_all()
 
+    def stderr_first(self, text):
+        """When the first line of stderr containing ``text`` came (wall
+        clock), or None."""
+        with self._cv:
+            return next((t for line, t in zip(self.stderr, self.stderr_at) if text in line), None)
+
     def steps(self):
         with self._cv:
             return [ln for ln in self.lines if ln.get("event") == "step"]

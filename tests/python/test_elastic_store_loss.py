@@ -82,10 +82,9 @@ def stopped_naming_the_store(job, ranks, since):
     within STOP seconds of ``since``; returns the latest such time."""
     latest = 0.0
     for r in ranks:
-        what = f"rank {r} stops: it cannot reach the elastic store torch TCPStore"
-        at = [t for line, t in zip(job.stderr, job.stderr_at) if what in line]
-        assert at, (r, job.tail(80))
-        latest = max(latest, at[0] - since)
+        at = job.stderr_first(f"rank {r} stops: it cannot reach the elastic store torch TCPStore")
+        assert at is not None, (r, job.tail(80))
+        latest = max(latest, at - since)
     assert latest < STOP, (latest, job.tail(80))
     return latest
 
