@@ -3,6 +3,7 @@ the ranks agree through, the warning for a launcher that would undo a
 recovery, :func:`supervise` (torchrun) and :func:`shutdown` (re-exported by
 :mod:`strata.elastic`)."""
 
+import atexit
 import os
 import signal
 import sys
@@ -118,38 +119,67 @@ def _store_for(world, options):
 
 
 def _served_store(world, options):
-    """The description of the TCPStore this process serves for the job
-    (rank 0 of a launch without torchrun's agent), or None."""
+    """(whether a rank's process serves the job's TCPStore, as under a
+    launch without torchrun's agent; its description if this process is
+    that rank, else None)."""
     if getattr(world, "_store", (None, None))[1] is None or options.store is not None:
-        return None
-    from .store import _serves_rendezvous
+        return False, None
+    from .store import _agent_serves
     launch = _strata.launch_env(None)
-    if not _serves_rendezvous(launch):
-        return None
-    return f"torch TCPStore {launch.master_addr}:{launch.master_port}"
+    if _agent_serves(launch):
+        return False, None
+    return True, (f"torch TCPStore {launch.master_addr}:{launch.master_port}"
+                  if launch.rank == 0 else None)
 
 
-def _release_store(store, directory, job, ranks, epoch, rank, timeout, serving=None):
-    """Called by every rank when it is done with the elastic store (its loop
-    closed, or it leaves): it marks itself done, and the rank that then finds
+# Run once before the process ends: at interpreter exit, or before an
+# os._exit of this module's (shutdown) or strata.elastic's (a rank leaving).
+_exit_hooks = []
+
+
+def _before_exit():
+    while _exit_hooks:
+        try:
+            _exit_hooks.pop(0)()
+        except Exception:  # noqa: BLE001: the store may be gone; the process ends anyway
+            pass
+
+
+atexit.register(_before_exit)
+
+
+def _hold_served_store(store, prefix, ranks, rank, epoch, options, served):
+    """Where a rank's process serves the job's store (``served``, from
+    :func:`_served_store`), the store must outlive every process that uses
+    it, which goes on after its elastic loop closed (the script's final
+    checkpoint makes a communicator through it). Every rank marks itself
+    released when its process ends; the serving rank then waits for the
+    others (:func:`_wait_for_store_users`)."""
+    some_rank, server = served
+    if not some_rank:
+        return
+    stale = options.heartbeat_timeout
+    _exit_hooks.append(lambda: store.set(f"{prefix}/released/{rank}", "1", stale))
+    if server is not None:
+        _exit_hooks.append(lambda: _wait_for_store_users(
+            store, prefix, ranks, epoch, rank, stale, options.rebuild_timeout, server))
+
+
+def _release_store(store, directory, options, ranks, epoch, rank, served):
+    """Called by every rank when its elastic loop closed (or it leaves): it
+    marks itself done, and the rank that then finds
     every rank of the job (``ranks``) done or its process gone removes the
     temporary file-store ``directory`` (None: nothing to remove). A rank
     still running (one that left late, or was taken as failed while slow)
     keeps the directory until it is done too: the last member of the final
     epoch is not always the last user of the store. A job whose last rank
-    dies keeps its directory (the keys say what happened).
-
-    ``serving``: the description of the TCPStore this rank's process serves
-    (rank 0 of a launch without torchrun's agent: srun, or RANK, WORLD_SIZE,
-    MASTER_ADDR and MASTER_PORT set by hand), or None. Such a rank returns
-    only once no other rank uses the store (:func:`_wait_for_store_users`):
-    leaving with a dropped replica, or finishing first, it would take the
-    store from the ranks that go on."""
-    prefix = f"strata/elastic/{job}"
+    dies keeps its directory (the keys say what happened). A store that a
+    rank serves is held until the end of the processes that use it
+    (:func:`_hold_served_store`)."""
+    prefix = f"strata/elastic/{options.job}"
+    _hold_served_store(store, prefix, ranks, rank, epoch, options, served)
     try:
-        store.set(f"{prefix}/exited/{rank}", "1", timeout)
-        if serving is not None:
-            _wait_for_store_users(store, prefix, ranks, epoch, rank, timeout, serving)
+        store.set(f"{prefix}/exited/{rank}", "1", options.heartbeat_timeout)
         if directory is None:
             return
         for r in ranks:
@@ -162,16 +192,21 @@ def _release_store(store, directory, job, ranks, epoch, rank, timeout, serving=N
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _wait_for_store_users(store, prefix, ranks, epoch, rank, stale, serving):
-    """Waits while another rank of ``ranks`` uses the store this process
-    serves: one that has not marked itself exited, whose process runs and
-    whose heartbeat (its monitor thread beats while its loop is open)
-    changed within ``stale`` seconds. A rank that hangs, or that stopped
-    beating without closing, is not waited for past ``stale``. Says once,
-    after a second, why the process stays."""
+def _wait_for_store_users(store, prefix, ranks, epoch, rank, stale, patience, serving):
+    """Waits, in the process that serves the store (rank 0 of a launch
+    without torchrun's agent: srun, or RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT set by hand), while another rank of ``ranks`` may use it:
+    one whose process has not released it and runs, and whose elastic loop
+    is open and beating (a heartbeat that changed within ``stale`` seconds:
+    a rank that hangs is not waited for) or closed less than ``patience``
+    seconds ago (it may still make a communicator, a checkpoint's). Leaving
+    with a dropped replica, or finishing first, the serving rank would take
+    the store from the ranks that go on. Says once, after a second, why the
+    process stays."""
     import time
     start = time.monotonic()
     seen = {}  # rank -> (its latest heartbeat, when it last changed, its epoch)
+    closed = {}  # rank -> when its loop was first seen closed
     done = set()
     said = False
     pause = max(0.1, 0.001 * len(ranks))  # a few store reads per rank and pause
@@ -181,12 +216,17 @@ def _wait_for_store_users(store, prefix, ranks, epoch, rank, stale, serving):
         for r in ranks:
             if r == rank or r in done:
                 continue
-            if _peek(store, f"{prefix}/exited/{r}") is not None:
+            if _peek(store, f"{prefix}/released/{r}") is not None:
                 done.add(r)
                 continue
             beat, e = _latest_beat(store, prefix, r, seen.get(r, (None, None, epoch))[2])
             if beat is None or _gone(beat):
                 done.add(r)
+                continue
+            if r in closed or _peek(store, f"{prefix}/exited/{r}") is not None:
+                closed.setdefault(r, now)
+                if now - closed[r] <= patience:
+                    users.append(r)
                 continue
             last, changed, _ = seen.get(r, (None, now, e))
             if beat != last:
@@ -272,6 +312,7 @@ def shutdown(world, result=None, code=0):
     world.destroy()
     lost = result is None or bool(getattr(result, "events", None))
     if (backend == "mpi" and lost) or spare:
+        _before_exit()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -66,8 +66,8 @@ from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineE
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
 from ._elastic_transfer import receiving_state, unsaved_buffers as _unsaved_buffers
-from ._elastic_launch import (_LEFT, _launcher_warning, _release_store, _served_store,  # noqa: F401
-                              _store_for, _supervised, shutdown, supervise)
+from ._elastic_launch import (_LEFT, _before_exit, _launcher_warning, _release_store,  # noqa
+                              _served_store, _store_for, _supervised, shutdown, supervise)
 
 __all__ = [
     "run",
@@ -129,7 +129,7 @@ class Controller:
         self.options = options
         self.on_world_changed = on_world_changed
         self._store, self._monitor_store, self._store_dir = _store_for(world, options)
-        self._serving = _served_store(world, options)  # it must outlive its users (close())
+        self._serving = _served_store(world, options)  # a rank serves the store: see close()
         self._arrived = None  # a joiner placed in the mesh: its state comes first
         if getattr(world, "_join", None) is not None:
             self._loop = self._join(world)
@@ -655,6 +655,7 @@ class Controller:
             print(msg, file=sys.stderr, flush=True)
             sys.stdout.flush()
             self.close()  # done with the store, as far as its directory goes
+            _before_exit()  # and as its server, when this process is that
             # Not sys.exit: MPI's finalize would wait for the ranks that
             # go on (and for the dead one). Under supervise() the status
             # tells the supervisor, which may start a joiner in its place.
@@ -678,9 +679,8 @@ class Controller:
         membership, rank = self._loop.membership, self._loop.rank
         self._loop.stop()
         directory, self._store_dir = self._store_dir, None
-        _release_store(self._store, directory, self.options.job, self._job_ranks,
-                       membership["epoch"], rank, self.options.heartbeat_timeout,
-                       serving=self._serving)
+        _release_store(self._store, directory, self.options, self._job_ranks,
+                       membership["epoch"], rank, self._serving)
 
 
 def _warm_up():

@@ -130,15 +130,14 @@ def tcp_store(host, port, timeout=60.0, prefix="strata/"):
     return _strata._tcp_store(str(host), int(port), float(timeout), str(prefix))
 
 
-def _serves_rendezvous(launch, env=None):
-    """Whether this process serves the TCPStore at the launch's
-    MASTER_ADDR:MASTER_PORT: rank 0, unless torchrun's agent serves it
-    (TORCHELASTIC_USE_AGENT_STORE=True for that address)."""
+def _agent_serves(launch, env=None):
+    """Whether torchrun's agent serves the TCPStore at the launch's
+    MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True for that
+    address); else rank 0's process does."""
     env = os.environ if env is None else env
-    agent = (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-             and env.get("MASTER_ADDR") == launch.master_addr
-             and env.get("MASTER_PORT") == str(launch.master_port))
-    return not agent and launch.rank == 0
+    return (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and env.get("MASTER_ADDR") == launch.master_addr
+            and env.get("MASTER_PORT") == str(launch.master_port))
 
 
 def connect_torchrun(launch, timeout, env=None):
@@ -156,7 +155,7 @@ def connect_torchrun(launch, timeout, env=None):
             f"rank {launch.rank} of {launch.world_size} (launcher {launch.launcher}) needs a store "
             f"to bootstrap, and MASTER_ADDR/MASTER_PORT are not set (got '{host}', {port}); "
             "set them, or pass store=strata.store.file_store('/shared/dir')")
-    serve = _serves_rendezvous(launch, env)
+    serve = not _agent_serves(launch, env) and launch.rank == 0
     try:
         store = dist.TCPStore(host, port, launch.world_size, serve,
                               timeout=datetime.timedelta(seconds=timeout),
