@@ -84,6 +84,14 @@ enum class ReduceOp : uint8_t { kSum, kProd, kMin, kMax, kAvg };
 // The Python layer raises strata.RankFailure for such errors.
 inline constexpr char kRankFailurePayload[] = "strata/rank-failure";
 
+// The payload key a backend sets on the error of a regroup (a root's
+// creation, Split, Shrink) that went through the store's rendezvous and
+// then gave up waiting for a peer to connect: its value is that peer's rank
+// in the communicator the call was made on (decimal). The peer was alive
+// enough to publish its address; it died since, or the network between it
+// and this rank does not carry (a partition the store does not see).
+inline constexpr char kUnreachablePayload[] = "strata/unreachable";
+
 // "sum", "prod", "min", "max", "avg".
 STRATA_EXPORT const char* ReduceOpName(ReduceOp op);
 // Parses the names above. InvalidArgument names the unknown string.

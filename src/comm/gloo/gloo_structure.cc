@@ -4,13 +4,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -116,12 +119,29 @@ absl::StatusOr<std::unique_ptr<gloo_plugin::Context>> ConnectContext(
   std::unique_ptr<gloo_plugin::Context> context;
   gloo_plugin::Error e = runtime.plugin->api().connect(runtime.device, options, rv, &context);
   if (!e.ok()) {
-    return FromPlugin(e,
-                      absl::StrCat("connecting ", size, " ranks (this is rank ", rank, ") through ",
+    absl::Status s =
+        FromPlugin(e, absl::StrCat("connecting ", size, " ranks (this is rank ", rank, ") through ",
                                    runtime.store->Describe(), " under '", uid, "'"));
+    if (e.peer >= 0) s.SetPayload(kUnreachablePayload, absl::Cord(absl::StrCat(e.peer)));
+    return s;
   }
   return context;
 }
+
+namespace {
+
+// A child's connect names the peer it gave up on in the child's ranks; its
+// caller names it in the parent's (kUnreachablePayload).
+absl::Status InParentRanks(absl::Status s, const std::function<int(int)>& parent_rank) {
+  auto peer = s.GetPayload(kUnreachablePayload);
+  int child = -1;
+  if (peer.has_value() && absl::SimpleAtoi(std::string(*peer), &child) && child >= 0) {
+    s.SetPayload(kUnreachablePayload, absl::Cord(absl::StrCat(parent_rank(child))));
+  }
+  return s;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::CreateRoot(
     const RootOptions& options, std::shared_ptr<Store> store, int rank, int size) {
@@ -288,7 +308,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoSplit(
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> child =
       Connect(uid, new_rank, static_cast<int>(members.size()), options,
               [this, aborts] { return aborts_.load() != aborts; });
-  if (!child.ok()) return internal::Annotate(child.status(), what);
+  if (!child.ok()) {
+    return internal::Annotate(
+        InParentRanks(
+            child.status(),
+            [&](int c) { return c < static_cast<int>(members.size()) ? members[c].second : -1; }),
+        what);
+  }
   return std::unique_ptr<Communicator>(std::move(child).value());
 }
 
@@ -328,7 +354,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::DoShrink(
         " passed a different list of excluded ranks (every survivor must pass the same list)"));
   }
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> child = Connect(uid, me, m, options, cancelled);
-  if (!child.ok()) return internal::Annotate(child.status(), what);
+  if (!child.ok()) {
+    return internal::Annotate(
+        InParentRanks(child.status(), [&](int c) { return c < m ? survivors[c] : -1; }), what);
+  }
   return std::unique_ptr<Communicator>(std::move(child).value());
 }
 

@@ -34,12 +34,15 @@
 
 namespace strata::gloo_plugin {
 
-inline constexpr int kApiVersion = 4;
+inline constexpr int kApiVersion = 5;
 
 // An error: `code` is an absl::StatusCode value (0 is OK).
 struct Error {
   int code = 0;
   std::string message;
+  // For a connect that gave up waiting for one peer's connection (timed
+  // out, or Gloo's own connect failed): that peer's rank; else -1.
+  int peer = -1;
   bool ok() const { return code == 0; }
 };
 

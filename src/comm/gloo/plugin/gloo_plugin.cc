@@ -617,20 +617,24 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   // or the deadline passes (connect_watch.h).
   std::unique_ptr<ConnectWatch> watch;
   std::string waiting_for;  // what the waits were for, when the watch ended them
+  int waiting_peer = -1;    // the peer whose connection they were for, if one
   auto given_up = [&](const Error& e) -> Error {
     switch (watch == nullptr ? ConnectWatch::Why::kNone : watch->why()) {
       case ConnectWatch::Why::kCancelled:
+        // Not the peer's doing: the caller gave up.
         return {kAborted, "connect: gave up " + waiting_for +
                               " (cancelled: the communicator it is made from was"
                               " aborted, or RootOptions::cancelled said so)"};
       case ConnectWatch::Why::kDeadline:
-        return {kDeadlineExceeded, "connect: " + waiting_for + ": not done within " +
-                                       std::to_string(options.timeout_ms) +
-                                       " ms (is that rank alive?)"};
+        return {kDeadlineExceeded,
+                "connect: " + waiting_for + ": not done within " +
+                    std::to_string(options.timeout_ms) + " ms (is that rank alive and reachable?)",
+                waiting_peer};
       case ConnectWatch::Why::kNone:
         break;
     }
-    return e;
+    if (e.ok()) return e;
+    return {e.code, e.message, waiting_peer};
   };
   if (n > 1) {
     SetPort(&self, 0);
@@ -714,8 +718,10 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
         ::gloo::transport::tcp::Address peer(ss);
         waiting_for =
             "waiting for rank " + std::to_string(j) + " of " + std::to_string(n) + " to connect";
+        waiting_peer = j;
         transport->getPair(j)->connect(peer.bytes());
       }
+      waiting_peer = -1;
     });
     e = given_up(e);
     if (!e.ok()) return e;
@@ -735,6 +741,7 @@ Error Connect(const std::shared_ptr<Device>& device, const ConnectOptions& optio
   // Every rank knows n, so all skip the agreement alike.
   if (n > 1 && n <= kOwnAlgorithmRanks) {
     waiting_for = "agreeing with the peers on host copies";
+    waiting_peer = -1;
     e = context->AgreeHostCopy(can_share, deadline.left().count());
   }
   if (watch != nullptr) watch->Stop();
