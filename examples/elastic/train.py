@@ -135,6 +135,9 @@ def parse(argv=None):
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds an operation may take before it fails (strata.init timeout): "
                         "what finds a peer that is alive but unreachable")
+    p.add_argument("--rebuild-timeout", type=float, default=None,
+                   help="seconds a regroup (shrink, rebuild) may take (Options.rebuild_timeout, "
+                        "60 by default)")
     p.add_argument("--no-fence", action="store_true",
                    help="do not kill a rank of this host taken as failed while its process "
                         "runs (Options.fence_unresponsive=False): as across hosts, it must stop "
@@ -529,6 +532,8 @@ def main(argv=None):
             exchange=args.straggler_exchange)
     if args.heartbeat_timeout:
         options.heartbeat_timeout = args.heartbeat_timeout
+    if args.rebuild_timeout:
+        options.rebuild_timeout = args.rebuild_timeout
     if args.no_fence:
         options.fence_unresponsive = False
     if args.checkpoint_every or args.restore == "checkpoint":

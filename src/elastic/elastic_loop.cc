@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -411,7 +413,18 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     STRATA_RETURN_IF_ERROR(commit_->Start(next));
   }
   monitor_->Watch(next);
-  auto regroup_failed = [&](const absl::Status& s, absl::string_view what) {
+  // `ranks`: the job ranks in the order of the communicator the failed call
+  // was made on, to tell the agreement which member the regroup could not
+  // connect to (kUnreachablePayload); before the alarm, whose check-in
+  // carries it.
+  auto regroup_failed = [&](const absl::Status& s, absl::string_view what,
+                            const std::vector<int>* ranks = nullptr) {
+    auto peer = s.GetPayload(kUnreachablePayload);
+    int r = -1;
+    if (ranks != nullptr && peer.has_value() && absl::SimpleAtoi(std::string(*peer), &r) &&
+        r >= 0 && r < static_cast<int>(ranks->size())) {
+      monitor_->ReportUnreachable({(*ranks)[static_cast<size_t>(r)]});
+    }
     Detection d;
     d.source = DetectionSource::kBackend;
     d.reporter = rank_;
@@ -463,7 +476,10 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
   absl::StatusOr<bool> all_shrunk = AllShrunk(next, root.ok());
   if (!all_shrunk.ok() || !*all_shrunk) {
     if (root.ok()) (void)(*root)->Abort();  // dropped: its peers may be gone
-    if (!root.ok()) return regroup_failed(root.status(), "shrinking the root communicator");
+    if (!root.ok()) {
+      return regroup_failed(root.status(), "shrinking the root communicator",
+                            fresh ? &next.members : &root_members_);
+    }
     if (!all_shrunk.ok()) return regroup_failed(all_shrunk.status(), "voting on the shrink");
     return regroup_failed(absl::AbortedError("another member's shrink failed, or a member failed"),
                           "shrinking the root communicator");
@@ -482,7 +498,7 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
         job->Split(0, next.RootRankOf(rank_), root_options);
     if (!placed.ok()) {
       (void)job->Abort();
-      return regroup_failed(placed.status(), "placing the spares in the mesh");
+      return regroup_failed(placed.status(), "placing the spares in the mesh", &kept);
     }
     job = *std::move(placed);
   }

@@ -205,18 +205,32 @@ absl::Status HeartbeatMonitor::CheckIn(const std::vector<int>& suspects) {
   return CheckInOn(*epoch, suspects);
 }
 
+void HeartbeatMonitor::ReportUnreachable(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int r : ranks) {
+    if (r != config_.rank &&
+        std::find(unreachable_.begin(), unreachable_.end(), r) == unreachable_.end()) {
+      unreachable_.push_back(r);
+    }
+  }
+}
+
 absl::Status HeartbeatMonitor::CheckInOn(Epoch& epoch, const std::vector<int>& suspects) {
   std::lock_guard<std::mutex> io(checkin_mu_);
   absl::Time known;
+  std::vector<int> unreachable;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (epoch.checked_in) return absl::OkStatus();
     if (!store_status_.ok()) return store_status_;
     known = epoch.known_at == absl::InfinitePast() ? absl::Now() : epoch.known_at;
+    unreachable = unreachable_;
   }
   const absl::Time deadline = absl::Now() + config_.options.heartbeat_timeout;
-  nlohmann::json j = {
-      {"known_at", Unix(known)}, {"suspects", suspects}, {"process", internal::Self().Encode()}};
+  nlohmann::json j = {{"known_at", Unix(known)},
+                      {"suspects", suspects},
+                      {"unreachable", unreachable},
+                      {"process", internal::Self().Encode()}};
   // Evidence from a backend (MPI names failed ranks) is recorded for the
   // leader like a monitor's.
   for (int s : suspects) {
@@ -230,6 +244,9 @@ absl::Status HeartbeatMonitor::CheckInOn(Epoch& epoch, const std::vector<int>& s
   {
     std::lock_guard<std::mutex> lock(mu_);
     epoch.checked_in = true;
+    // Reported once: a later regroup reports what it finds itself.
+    for (int r : unreachable)
+      unreachable_.erase(std::find(unreachable_.begin(), unreachable_.end(), r));
   }
   return config_.store->Add(epoch.keys.CheckIns(), 1, deadline).status();
 }

@@ -35,6 +35,41 @@ std::string Ranks(const std::vector<int>& r) {
   return absl::StrCat("[", absl::StrJoin(r, ", "), "]");
 }
 
+// The members of `live` to take as failed for the reports of members that
+// could not reach each other (`reports`: reporter -> the ranks it could not
+// connect to), each with why (agreement.h).
+std::map<int, std::string> CutOff(const std::map<int, std::vector<int>>& reports,
+                                  const std::set<int>& live) {
+  std::map<int, std::set<int>> edges;  // symmetric, between live members
+  for (const auto& [from, tos] : reports) {
+    if (live.count(from) == 0) continue;
+    for (int to : tos) {
+      if (to == from || live.count(to) == 0) continue;
+      edges[from].insert(to);
+      edges[to].insert(from);
+    }
+  }
+  std::map<int, std::string> out;
+  while (true) {
+    int worst = -1;
+    size_t most = 0;
+    for (const auto& [m, peers] : edges) {
+      if (peers.size() > most || (peers.size() == most && most > 0 && m > worst)) {
+        worst = m;
+        most = peers.size();
+      }
+    }
+    if (most == 0) return out;
+    const std::set<int> peers = std::move(edges[worst]);
+    edges.erase(worst);
+    for (int p : peers) edges[p].erase(worst);
+    out[worst] = absl::StrCat(
+        "checked in, but rank(s) [", absl::StrJoin(peers, ", "),
+        "] and it could not connect to each other when regrouping (the network between the "
+        "ranks is cut where the store's is not)");
+  }
+}
+
 class StoreAgreement final : public Agreement {
  public:
   StoreAgreement(std::shared_ptr<Store> store, ElasticOptions options)
@@ -77,6 +112,7 @@ class StoreAgreement final : public Agreement {
  private:
   struct Seen {
     absl::Time known_at = absl::InfinitePast();
+    std::vector<int> unreachable;  // the ranks its last regroup could not connect to
   };
 
   // One look at `key`: its value, nullopt when absent, or the store's error.
@@ -157,6 +193,11 @@ class StoreAgreement final : public Agreement {
           Seen s;
           if (j.is_object() && j.contains("known_at"))
             s.known_at = FromUnix(j["known_at"].get<double>());
+          if (j.is_object() && j.contains("unreachable") && j["unreachable"].is_array()) {
+            for (const nlohmann::json& r : j["unreachable"]) {
+              if (r.is_number_integer()) s.unreachable.push_back(r.get<int>());
+            }
+          }
           seen[m] = s;
           it = missing.erase(it);
           continue;
@@ -219,6 +260,18 @@ class StoreAgreement final : public Agreement {
       absl::SleepFor(std::min(
           pause, std::max(absl::Milliseconds(1), (now < settle ? settle : patience) - now)));
       pause = std::min(pause * 2, absl::Milliseconds(20));
+    }
+    {
+      std::map<int, std::vector<int>> reports;
+      std::set<int> live;
+      for (const auto& [m, s] : seen) {
+        live.insert(m);
+        if (!s.unreachable.empty()) reports[m] = s.unreachable;
+      }
+      for (auto& [m, why] : CutOff(reports, live)) {
+        failed[m] = std::move(why);
+        seen.erase(m);
+      }
     }
     for (const auto& [m, s] : seen) d.known_by_all_at = std::max(d.known_by_all_at, s.known_at);
     for (const auto& [m, why] : failed) {
@@ -478,9 +531,11 @@ std::unique_ptr<Agreement> MakeStoreAgreement(std::shared_ptr<Store> store,
   return std::make_unique<StoreAgreement>(std::move(store), options);
 }
 
-absl::Status CheckInForTest(Store& store, const ElasticOptions& options, uint64_t epoch, int rank) {
+absl::Status CheckInForTest(Store& store, const ElasticOptions& options, uint64_t epoch, int rank,
+                            const std::vector<int>& unreachable) {
   nlohmann::json j = {{"known_at", Unix(absl::Now())},
                       {"suspects", std::vector<int>{}},
+                      {"unreachable", unreachable},
                       {"process", internal::Self().Encode()}};
   const Keys keys(options.job, epoch);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);

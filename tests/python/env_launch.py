@@ -10,7 +10,8 @@ each with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
 With ``--netns NS0,NS1,...`` rank r runs in network namespace NSr (made
 by the caller: ``ip netns exec``) and a UTS namespace named NSr, as on a
 host of its own: one rank per node (GROUP_RANK r), Gloo on the namespace's
-``eth0``, no host copies. With
+``eth0`` (or ``--gloo-iface``: a data network apart from the store's), no
+host copies. With
 ``--master-addr``/``--master-port`` the store is one the caller serves, as
 torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True): no rank serves
 it.
@@ -39,6 +40,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--np", type=int, required=True)
     p.add_argument("--netns", help="comma-separated network namespaces, one per rank")
+    p.add_argument("--gloo-iface", default="eth0",
+                   help="with --netns: the namespaces' interface Gloo uses")
     p.add_argument("--master-addr", help="the address of a store served elsewhere")
     p.add_argument("--master-port", type=int)
     p.add_argument("script", nargs=argparse.REMAINDER)
@@ -58,7 +61,7 @@ def main():
         cmd = [sys.executable] + script
         if netns is not None:
             env.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(r),
-                       GROUP_WORLD_SIZE=str(args.np), GLOO_SOCKET_IFNAME="eth0",
+                       GROUP_WORLD_SIZE=str(args.np), GLOO_SOCKET_IFNAME=args.gloo_iface,
                        STRATA_GLOO_CMA="0")
             # A UTS namespace too, with a host name of its own: the ranks'
             # process records then name other hosts, as on a cluster (no

@@ -17,6 +17,17 @@
 // at most `max_leader_takeovers` times. Two leaders cannot write different
 // decisions: the decision key is written once (CompareSet from empty).
 //
+// Members that check in but cannot reach each other (the store is
+// reachable, the network between ranks is cut): a regroup that gave up on
+// a peer after the rendezvous reports it with its next check-in
+// (HeartbeatMonitor::ReportUnreachable). Every report is an edge between
+// two members that checked in; the leader takes as failed, one at a time,
+// the member with the most edges left (ties: the higher rank) until no
+// edge is left among the others. One member cut off from all the others is
+// the one taken (every report touches it); of two members that only cannot
+// reach each other, the higher rank. The majority rule below then counts
+// the members left.
+//
 // No split brain: the decision is "stop" unless more than half of the
 // epoch's members checked in; every rank that reads a stop fails with
 // FailedPrecondition naming the counts. A rank the decision takes as failed
@@ -127,6 +138,7 @@ STRATA_EXPORT absl::StatusOr<std::unique_ptr<Agreement>> MakeUlfmAgreement(
 // Checks `rank` in for `epoch` without a monitor (tests, and ranks whose
 // monitor could not): what HeartbeatMonitor::CheckIn writes.
 STRATA_EXPORT absl::Status CheckInForTest(Store& store, const ElasticOptions& options,
-                                          uint64_t epoch, int rank);
+                                          uint64_t epoch, int rank,
+                                          const std::vector<int>& unreachable = {});
 
 }  // namespace strata::elastic

@@ -98,6 +98,12 @@ class STRATA_EXPORT HeartbeatMonitor {
   // have failed (a backend's report).
   absl::Status CheckIn(const std::vector<int>& suspects);
 
+  // Job ranks this rank's last regroup could not connect to though they
+  // took part in its rendezvous (kUnreachablePayload): sent with this
+  // rank's next check-in (the one of the alarm the failed regroup raises),
+  // for the leader to weigh against the others' reports (agreement.h).
+  void ReportUnreachable(const std::vector<int>& ranks);
+
   // Stops and joins the thread (idempotent).
   void Stop();
 
@@ -119,6 +125,7 @@ class STRATA_EXPORT HeartbeatMonitor {
   bool stop_ = false;
   std::shared_ptr<Epoch> epoch_;  // guarded by mu_
   absl::Status store_status_;     // guarded by mu_: not OK once the store is lost
+  std::vector<int> unreachable_;  // guarded by mu_: for the next check-in
   std::thread thread_;
 };
 

@@ -4,13 +4,15 @@
 // replicas that leave, the new mesh, or a stop for a minority or a mesh
 // without a complete replica). Then: failed ranks nobody reported are
 // found by the settle timeout; a leader that dies is replaced; keys of an
-// old epoch are not read.
+// old epoch are not read; of members that checked in but could not reach
+// each other (a cut the store does not see), the one cut off is taken.
 #include "strata/elastic/agreement.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -246,6 +248,82 @@ TEST(StoreAgreementTest, AnOldEpochsDecisionIsNotRead) {
   ASSERT_TRUE(got[0].ok()) << got[0].status();
   EXPECT_EQ(got[0]->epoch, 2u);
   EXPECT_EQ(got[0]->failed, std::vector<int>{3});
+}
+
+// Every member of `m` checks in, each with the ranks its last regroup
+// could not connect to (`reports`), as after a shrink across a network cut
+// that the store does not see.
+std::vector<absl::StatusOr<Decision>> AgreeWithReports(
+    const Membership& m, const std::map<int, std::vector<int>>& reports, const ElasticOptions& o) {
+  std::shared_ptr<Store> store = MakeMemoryStore();
+  RaiseAlarm(*store, o, m.epoch, m.members[0]);
+  std::vector<absl::StatusOr<Decision>> out(m.members.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < m.members.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const int r = m.members[i];
+      auto mine = reports.find(r);
+      absl::Status in = CheckInForTest(*store, o, m.epoch, r,
+                                       mine == reports.end() ? std::vector<int>{} : mine->second);
+      if (!in.ok()) {
+        out[i] = in;
+        return;
+      }
+      out[i] = MakeStoreAgreement(store, o)->Agree(m, r, {});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& d : out) {
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (d.ok() && out[0].ok()) EXPECT_EQ(d->Encode(), out[0]->Encode());
+  }
+  return out;
+}
+
+// Rank 5's data network is cut, its store connection is not: it checks in,
+// and its shrink and the others' gave up on each other (each names the
+// first peer it waited for). It alone is taken as failed, its replica
+// leaves, the other 6 go on.
+TEST(StoreAgreementTest, ARankCutOffFromTheOthersButNotFromTheStoreIsTakenAsFailed) {
+  const Membership m = Dp4Tp2();
+  std::map<int, std::vector<int>> reports = {{5, {0}}};
+  for (int r : m.members) {
+    if (r != 5) reports[r] = {5};
+  }
+  std::vector<absl::StatusOr<Decision>> got = AgreeWithReports(m, reports, Fast());
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_EQ(got[0]->kind, Decision::Kind::kContinue);
+  EXPECT_EQ(got[0]->failed, std::vector<int>{5});
+  EXPECT_THAT(got[0]->failed_why[0], HasSubstr("rank(s) [0, 1, 2, 3, 4, 6, 7] and it could not "
+                                               "connect to each other"));
+  EXPECT_EQ(got[0]->leaving, std::vector<int>{4});
+  EXPECT_EQ(got[0]->Next().members, (std::vector<int>{0, 1, 2, 3, 6, 7}));
+}
+
+// Two members that only cannot reach each other (one link): the higher
+// rank is taken, whether one or both reported it. Without reports, nobody.
+TEST(StoreAgreementTest, OfTwoMembersThatCannotReachEachOtherTheHigherRankIsTaken) {
+  const Membership m = Dp4Tp2();
+  for (const auto& reports :
+       std::vector<std::map<int, std::vector<int>>>{{{2, {6}}, {6, {2}}}, {{6, {2}}}, {{2, {6}}}}) {
+    std::vector<absl::StatusOr<Decision>> got = AgreeWithReports(m, reports, Fast());
+    ASSERT_TRUE(got[0].ok()) << got[0].status();
+    EXPECT_EQ(got[0]->failed, std::vector<int>{6});
+    EXPECT_EQ(got[0]->kind, Decision::Kind::kContinue);
+  }
+  std::vector<absl::StatusOr<Decision>> none = AgreeWithReports(m, {}, Fast());
+  ASSERT_TRUE(none[0].ok()) << none[0].status();
+  EXPECT_TRUE(none[0]->failed.empty());
+}
+
+// Reports naming a rank that is no member, or the reporter itself, are
+// ignored.
+TEST(StoreAgreementTest, ReportsOutsideTheLiveMembersAreIgnored) {
+  Membership m = Dp4Tp2();
+  std::vector<absl::StatusOr<Decision>> got =
+      AgreeWithReports(m, {{1, {1, 9, -1}}, {3, {42}}}, Fast());
+  ASSERT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_TRUE(got[0]->failed.empty()) << got[0]->Encode();
 }
 
 TEST(DecisionTest, RoundTrips) {
