@@ -16,9 +16,10 @@ _RESTORE = ("auto", "memory", "checkpoint")
 class Options:
     """Settings of :func:`run` and :class:`Controller` (times in seconds).
 
-    Detection: each rank's monitor thread bumps its heartbeat and looks at one
-    other rank's every ``heartbeat_interval``; a heartbeat unchanged for
-    ``heartbeat_timeout`` means a hung rank; ``probe_processes`` also finds a
+    Detection: each rank's monitor thread looks at the alarm every
+    ``heartbeat_interval``, and bumps its heartbeat and looks at one other
+    rank's every ``heartbeat_timeout / 10`` (at least every interval); a
+    heartbeat unchanged for ``heartbeat_timeout`` means a hung rank; ``probe_processes`` also finds a
     rank of the same host whose process is gone. Agreement: the leader waits
     up to ``settle_timeout`` for every rank to check in or be shown failed
     (one whose heartbeat still changes: up to ``decision_timeout / 2``);

@@ -254,6 +254,12 @@ absl::Status HeartbeatMonitor::CheckInOn(Epoch& epoch, const std::vector<int>& s
 void HeartbeatMonitor::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   absl::Time store_failing_since = absl::InfinitePast();
+  // The beat and the read of the successor's need only resolve
+  // heartbeat_timeout: ten a timeout (the alarm is looked at every
+  // interval; the successor's process is probed every interval).
+  const absl::Duration beat_every =
+      std::max(config_.options.heartbeat_interval, config_.options.heartbeat_timeout / 10);
+  absl::Time next_beat = absl::InfinitePast();
   while (!stop_) {
     std::shared_ptr<Epoch> epoch = epoch_;
     if (epoch == nullptr) {
@@ -268,11 +274,16 @@ void HeartbeatMonitor::Run() {
       const absl::Time deadline = start + config_.options.heartbeat_timeout;
       Store& store = *config_.store;
       const Keys& keys = epoch->keys;
-      ++epoch->seq;
-      store_error = store.Set(keys.Heartbeat(config_.rank),
-                              absl::StrCat(epoch->seq, " ", internal::Self().Encode()), deadline);
+      // A new epoch beats at once (its keys are new).
+      const bool beat = start >= next_beat || epoch->seq == 0;
+      if (beat) {
+        next_beat = start + beat_every;
+        ++epoch->seq;
+        store_error = store.Set(keys.Heartbeat(config_.rank),
+                                absl::StrCat(epoch->seq, " ", internal::Self().Encode()), deadline);
+      }
       if (store_error.ok() && epoch->successor >= 0) {
-        Tick(*epoch);
+        Tick(*epoch, beat);
       }
       if (store_error.ok()) {
         bool seen;
@@ -317,13 +328,16 @@ void HeartbeatMonitor::Run() {
   }
 }
 
-void HeartbeatMonitor::Tick(Epoch& epoch) {
+void HeartbeatMonitor::Tick(Epoch& epoch, bool read) {
   Store& store = *config_.store;
   const absl::Time now = absl::Now();
   const int succ = epoch.successor;
-  absl::StatusOr<std::string> value = store.Get(epoch.keys.Heartbeat(succ), absl::InfinitePast());
-  if (!value.ok() && epoch.previous.has_value()) {
-    value = store.Get(epoch.previous->Heartbeat(succ), absl::InfinitePast());
+  absl::StatusOr<std::string> value = absl::NotFoundError("not read in this pass");
+  if (read) {
+    value = store.Get(epoch.keys.Heartbeat(succ), absl::InfinitePast());
+    if (!value.ok() && epoch.previous.has_value()) {
+      value = store.Get(epoch.previous->Heartbeat(succ), absl::InfinitePast());
+    }
   }
   if (value.ok() && *value != epoch.last_value) {
     epoch.last_value = *value;

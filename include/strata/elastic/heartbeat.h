@@ -1,21 +1,25 @@
 // HeartbeatMonitor: one thread per rank that shows this rank is alive and
 // notices when another rank is not, through the store.
 //
-// Every `heartbeat_interval` the monitor
+// The monitor
 //   1. bumps this rank's heartbeat key (a counter and this process's id:
-//      host, boot id, pid, start time);
-//   2. reads the heartbeat of ONE other rank, its ring successor among the
-//      epoch's members; a value that has not changed for
-//      `heartbeat_timeout` means the successor hangs (SIGSTOP, a deadlock),
-//      and with `probe_processes` a successor on this host whose process is
-//      gone (or a zombie) is found at once through /proc; either raises the
-//      epoch's alarm and records the evidence under suspect/<rank>;
-//   3. looks at the epoch's alarm key; the first time it is set, calls
-//      `on_alarm` (the elastic loop has its own thread abort this rank's
-//      communicators then, so a main thread blocked in a collective returns
-//      at once) and checks this rank in for the agreement (alive/<rank>).
-// That is three store operations per rank per interval, whatever the world
-// size. Keys carry the epoch (keys.h); Watch() moves to a new epoch. While
+//      host, boot id, pid, start time) every max(heartbeat_interval,
+//      heartbeat_timeout / 10), 0.3 s by default;
+//   2. as often, reads the heartbeat of ONE other rank, its ring successor
+//      among the epoch's members; a value that has not changed for
+//      `heartbeat_timeout` means the successor hangs (SIGSTOP, a deadlock);
+//      every `heartbeat_interval`, with `probe_processes`, a successor on
+//      this host whose process is gone (or a zombie) is found through /proc;
+//      either raises the epoch's alarm and records the evidence under
+//      suspect/<rank>;
+//   3. every `heartbeat_interval`, looks at the epoch's alarm key; the
+//      first time it is set, calls `on_alarm` (the elastic loop has its own
+//      thread abort this rank's communicators then, so a main thread blocked
+//      in a collective returns at once) and checks this rank in for the
+//      agreement (alive/<rank>).
+// That is one store operation per rank per interval and three per beat,
+// whatever the world size (with the defaults, 20 a second: the beats need
+// only resolve the timeout, while the alarm is what a recovery waits on). Keys carry the epoch (keys.h); Watch() moves to a new epoch. While
 // the successor's key of the new epoch is absent, its key of the previous
 // epoch counts (it switches a moment later than this rank).
 //
@@ -110,8 +114,9 @@ class STRATA_EXPORT HeartbeatMonitor {
  private:
   struct Epoch;
   void Run();
-  // One pass of the loop; returns when the next is due.
-  void Tick(Epoch& epoch);
+  // The successor's part of a pass: reads its heartbeat (when `read`),
+  // probes its process, raises the alarm when it is gone or stale.
+  void Tick(Epoch& epoch, bool read);
   void OnAlarm(Epoch& epoch, const Detection& alarm);
   absl::StatusOr<Detection> RaiseIn(Epoch& epoch, const Detection& cause);
   // Checks in for `epoch`: store I/O, under checkin_mu_ only (never mu_,

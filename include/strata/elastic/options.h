@@ -54,8 +54,10 @@ struct STRATA_EXPORT ElasticOptions {
   // "strata/elastic/<job>/<epoch>/".
   std::string job = "default";
 
-  // Each rank's monitor thread bumps its heartbeat key and looks at its
-  // ring successor's and at the epoch's alarm key this often.
+  // Each rank's monitor thread looks at the epoch's alarm key (and probes
+  // its ring successor's process) this often; it bumps its heartbeat key
+  // and reads its successor's every max(heartbeat_interval,
+  // heartbeat_timeout / 10).
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   // A successor whose heartbeat has not changed for this long is reported
   // hung (SIGSTOP, a deadlock outside strata): the alarm is raised.

@@ -735,5 +735,49 @@ TEST(ElasticLoopTest, HeartbeatsGoOnWhileAnAbortBlocks) {
   EXPECT_EQ(aborts.load(), 1);
 }
 
+// The monitor beats (and reads its successor's beat) ten times a
+// heartbeat_timeout, not every interval: the beats need only resolve the
+// timeout, while the alarm, which a recovery waits on, is looked at every
+// interval. With a 20 ms interval and a 1 s timeout, about 15 beats in
+// 1.5 s (every interval: about 75).
+TEST(ElasticLoopTest, TheMonitorBeatsTenTimesATimeoutAndLooksAtTheAlarmEveryInterval) {
+  auto store = MakeMemoryStore();
+  auto world = DpWorld(store, 0, 1);
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::atomic<int> aborts{0};
+  ElasticHooks hooks;
+  hooks.abort_all = [&] { ++aborts; };
+  ElasticOptions o = TestOptions();
+  o.job = "beats";
+  o.heartbeat_interval = absl::Milliseconds(20);
+  o.heartbeat_timeout = absl::Seconds(1);
+  auto loop = ElasticLoop::Create(**world, store, o, hooks);
+  ASSERT_TRUE(loop.ok()) << loop.status();
+  const internal::Keys keys(o.job, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::string last = *store->Get(keys.Heartbeat(0), deadline);
+  int changes = 0;
+  const absl::Time end = absl::Now() + absl::Milliseconds(1500);
+  while (absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(2));
+    std::string v = *store->Get(keys.Heartbeat(0), deadline);
+    if (v != last) ++changes;
+    last = v;
+  }
+  EXPECT_GE(changes, 5);
+  EXPECT_LE(changes, 30) << "a beat every interval?";
+  // The alarm is still seen: the World is aborted.
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = 1;
+  d.detail = "set by the test";
+  d.found_at = d.failed_at = absl::Now();
+  ASSERT_TRUE(store->Set(keys.Alarm(), EncodeDetection(d), deadline).ok());
+  while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_TRUE((*loop)->alarmed());
+  loop->reset();
+}
+
 }  // namespace
 }  // namespace strata::elastic
