@@ -19,9 +19,10 @@
 //      agreement (alive/<rank>).
 // That is one store operation per rank per interval and three per beat,
 // whatever the world size (with the defaults, 20 a second: the beats need
-// only resolve the timeout, while the alarm is what a recovery waits on). Keys carry the epoch (keys.h); Watch() moves to a new epoch. While
-// the successor's key of the new epoch is absent, its key of the previous
-// epoch counts (it switches a moment later than this rank).
+// only resolve the timeout, while the alarm is what a recovery waits on).
+// Keys carry the epoch (keys.h); Watch() moves to a new epoch. While the
+// successor's key of the new epoch is absent, its key of the previous epoch
+// counts (it switches a moment later than this rank).
 //
 // The store being unreachable for `heartbeat_timeout` is an alarm too, of
 // this rank only: on_alarm is called with it and store_status() says why.
