@@ -132,27 +132,34 @@ def reference(tmp_path_factory):
     return D.reference_model(str(tmp_path_factory.mktemp("reference")), STEPS, ARGS)
 
 
-def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):
+def run_cut(tmp_path, what, data, extra_args):
+    """Runs the example on NP ranks in namespaces (``data``: with a data
+    network for Gloo), cuts a random rank's store link (or, with ``data``,
+    its data link) after a few steps, and waits for the job, which must end
+    with the cut rank's status 1 and the others' 0. Returns (the job, the
+    cut rank, when it was cut, the other ranks)."""
     import torch.distributed as dist
     seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     cut = rng.randrange(NP)
-    print(f"partition: seed {seed}, rank {cut} cut off", flush=True)
-    net = Network(NP)
+    print(f"{what}: seed {seed}, rank {cut} cut off", flush=True)
+    net = Network(NP, data=data)
     job = None
     try:
         store = dist.TCPStore("0.0.0.0", 0, NP, True, timeout=datetime.timedelta(seconds=60),
                               wait_for_workers=False)
         args = ["--steps", str(STEPS), "--step-sleep", "0.1", "--heartbeat-timeout", "2",
-                "--no-fence"] + ARGS
-        job = D.Job("env", NP, args, str(tmp_path), timeout=200,
-                    launch_args=["--netns", ",".join(net.ns), "--master-addr", net.store_addr,
-                                 "--master-port", str(store.port)])
+                "--no-fence"] + extra_args + ARGS
+        launch = ["--netns", ",".join(net.ns), "--master-addr", net.store_addr,
+                  "--master-port", str(store.port)]
+        if data:
+            launch += ["--gloo-iface", "eth1"]
+        job = D.Job("env", NP, args, str(tmp_path), timeout=240, launch_args=launch)
         job.wait_pids(120)
         job.wait_for(lambda: len(job.steps()) >= 4, "4 steps", 120)
         time.sleep(rng.uniform(0.0, 0.5))
         cut_at = time.time()
-        net.cut(cut)
+        (net.cut_data if data else net.cut)(cut)
         rc = job.finish()
     finally:
         if job is not None and job.proc.poll() is None:
@@ -160,9 +167,13 @@ def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):
         net.close()
     print(job.tail(12))
     status = {ln["rank"]: ln["status"] for ln in job.lines if ln.get("event") == "exit"}
-    majority = sorted(set(range(NP)) - {cut})
     assert rc == 1 and status == {r: (1 if r == cut else 0) for r in range(NP)}, \
         (status, job.tail(80))
+    return job, cut, cut_at, sorted(set(range(NP)) - {cut})
+
+
+def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):
+    job, cut, cut_at, majority = run_cut(tmp_path, "partition", False, [])
 
     # The cut rank stopped by itself, naming the store.
     at = job.stderr_first(f"rank {cut} stops: it cannot reach the elastic store torch TCPStore")
@@ -182,37 +193,8 @@ def test_a_cut_rank_stops_while_the_majority_trains_on(tmp_path, reference):
 
 
 def test_a_rank_cut_from_its_peers_but_not_from_the_store_is_dropped(tmp_path, reference):
-    import torch.distributed as dist
-    seed = int(os.environ.get("STRATA_ELASTIC_SEED", random.randrange(1 << 30)))
-    rng = random.Random(seed)
-    cut = rng.randrange(NP)
-    print(f"partition (data network only): seed {seed}, rank {cut} cut off", flush=True)
-    net = Network(NP, data=True)
-    job = None
-    try:
-        store = dist.TCPStore("0.0.0.0", 0, NP, True, timeout=datetime.timedelta(seconds=60),
-                              wait_for_workers=False)
-        args = ["--steps", str(STEPS), "--step-sleep", "0.1", "--heartbeat-timeout", "2",
-                "--timeout", "8", "--rebuild-timeout", "12", "--no-fence"] + ARGS
-        job = D.Job("env", NP, args, str(tmp_path), timeout=240,
-                    launch_args=["--netns", ",".join(net.ns), "--gloo-iface", "eth1",
-                                 "--master-addr", net.store_addr,
-                                 "--master-port", str(store.port)])
-        job.wait_pids(120)
-        job.wait_for(lambda: len(job.steps()) >= 4, "4 steps", 120)
-        time.sleep(rng.uniform(0.0, 0.5))
-        cut_at = time.time()
-        net.cut_data(cut)
-        rc = job.finish()
-    finally:
-        if job is not None and job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-        net.close()
-    print(job.tail(12))
-    status = {ln["rank"]: ln["status"] for ln in job.lines if ln.get("event") == "exit"}
-    majority = sorted(set(range(NP)) - {cut})
-    assert rc == 1 and status == {r: (1 if r == cut else 0) for r in range(NP)}, \
-        (status, job.tail(80))
+    job, cut, cut_at, majority = run_cut(tmp_path, "partition (data network only)", True,
+                                         ["--timeout", "8", "--rebuild-timeout", "12"])
 
     # The cut rank learnt the decision through the store, and why.
     at = job.stderr_first(f"rank {cut} was taken as failed by the agreement")

@@ -661,6 +661,17 @@ TEST(ElasticLoopTest, FiftyRecoveriesLeakNothing) {
   EXPECT_LT(RssKib() - rss_before, 64 * 1024) << "RSS grew from " << rss_before << " KiB";
 }
 
+// Sets the epoch's alarm as rank 1 would, so that rank 0's monitor thread
+// is the one that sees it.
+absl::Status SetAlarmAsRankOne(Store& store, const internal::Keys& keys, absl::Time deadline) {
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = 1;
+  d.detail = "set by the test";
+  d.found_at = d.failed_at = absl::Now();
+  return store.Set(keys.Alarm(), EncodeDetection(d), deadline);
+}
+
 // The monitor's heartbeats never wait behind the abort an alarm causes: an
 // abort may block (MPI's waits up to seconds for pending receives to be
 // cancelled), and a rank whose heartbeat stops meanwhile would be taken as
@@ -693,12 +704,7 @@ TEST(ElasticLoopTest, HeartbeatsGoOnWhileAnAbortBlocks) {
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   // The first heartbeat, then the alarm.
   ASSERT_TRUE(store->Get(keys.Heartbeat(0), deadline).ok());
-  Detection d;
-  d.source = DetectionSource::kRequest;
-  d.reporter = 1;
-  d.detail = "set by the test";
-  d.found_at = d.failed_at = absl::Now();
-  ASSERT_TRUE(store->Set(keys.Alarm(), EncodeDetection(d), deadline).ok());
+  ASSERT_TRUE(SetAlarmAsRankOne(*store, keys, deadline).ok());
   while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_EQ(aborts.load(), 1) << "the alarm did not abort the World";
 
@@ -767,12 +773,7 @@ TEST(ElasticLoopTest, TheMonitorBeatsTenTimesATimeoutAndLooksAtTheAlarmEveryInte
   EXPECT_GE(changes, 5);
   EXPECT_LE(changes, 30) << "a beat every interval?";
   // The alarm is still seen: the World is aborted.
-  Detection d;
-  d.source = DetectionSource::kRequest;
-  d.reporter = 1;
-  d.detail = "set by the test";
-  d.found_at = d.failed_at = absl::Now();
-  ASSERT_TRUE(store->Set(keys.Alarm(), EncodeDetection(d), deadline).ok());
+  ASSERT_TRUE(SetAlarmAsRankOne(*store, keys, deadline).ok());
   while (aborts.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
   EXPECT_EQ(aborts.load(), 1);
   EXPECT_TRUE((*loop)->alarmed());
