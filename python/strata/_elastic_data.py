@@ -16,8 +16,9 @@ _RESTORE = ("auto", "memory", "checkpoint")
 class Options:
     """Settings of :func:`run` and :class:`Controller` (times in seconds).
 
-    Detection: each rank's monitor thread looks at the alarm every
-    ``heartbeat_interval``, and bumps its heartbeat and looks at one other
+    Detection: each rank's monitor waits for the alarm (a TCPStore, as
+    under torchrun) or looks at it every ``heartbeat_interval`` (a file
+    store), and bumps its heartbeat and looks at one other
     rank's every ``heartbeat_timeout / 10`` (at least every interval); a
     heartbeat unchanged for ``heartbeat_timeout`` means a hung rank; ``probe_processes`` also finds a
     rank of the same host whose process is gone. Agreement: the leader waits

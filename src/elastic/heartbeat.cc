@@ -107,6 +107,9 @@ struct HeartbeatMonitor::Epoch {
 
 HeartbeatMonitor::HeartbeatMonitor(Config config) : config_(std::move(config)) {
   thread_ = std::thread([this] { Run(); });
+  if (config_.store->waits_without_polling()) {
+    alarm_thread_ = std::thread([this] { WaitForAlarms(); });
+  }
 }
 
 HeartbeatMonitor::~HeartbeatMonitor() { Stop(); }
@@ -117,7 +120,9 @@ void HeartbeatMonitor::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  wake_.Cancel();
   if (thread_.joinable()) thread_.join();
+  if (alarm_thread_.joinable()) alarm_thread_.join();
 }
 
 void HeartbeatMonitor::Watch(const Membership& membership) {
@@ -127,6 +132,48 @@ void HeartbeatMonitor::Watch(const Membership& membership) {
     epoch_ = std::move(epoch);
   }
   cv_.notify_all();
+  wake_.Cancel();
+}
+
+void HeartbeatMonitor::WaitForAlarms() {
+  std::shared_ptr<Epoch> epoch;
+  while (true) {
+    wake_.Reset();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // An epoch whose alarm this rank knows (from a Raise, the poll, or
+      // the store's loss) has nothing more to wait for.
+      cv_.wait(lock, [&] {
+        return stop_ || (epoch_ != nullptr && (epoch_ != epoch || !epoch_->reacted)) ||
+               !store_status_.ok();
+      });
+      if (stop_ || !store_status_.ok()) break;
+      epoch = epoch_;
+    }
+    // Bounded, so that a lost connection is found by the wait itself too.
+    alarm_waited_.store(true);
+    absl::Status s = config_.store->CancellableWait({epoch->keys.Alarm()},
+                                                    absl::Now() + absl::Minutes(5), wake_);
+    if (s.ok()) {
+      absl::StatusOr<std::string> alarm =
+          config_.store->Get(epoch->keys.Alarm(), absl::Now() + config_.options.heartbeat_timeout);
+      absl::StatusOr<Detection> d =
+          alarm.ok() ? DecodeDetection(*alarm) : absl::StatusOr<Detection>(alarm.status());
+      if (d.ok()) {
+        OnAlarm(*epoch, *d);
+        continue;
+      }
+      s = d.status();
+    }
+    if (absl::IsCancelled(s) || absl::IsDeadlineExceeded(s)) continue;
+    // Until a wait works again, the monitor's own thread looks at the
+    // alarm every interval (and its beats find a store that is gone).
+    alarm_waited_.store(false);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(config_.options.heartbeat_interval),
+                 [&] { return stop_; });
+  }
+  alarm_waited_.store(false);
 }
 
 std::optional<Detection> HeartbeatMonitor::alarm() const {
@@ -260,6 +307,9 @@ void HeartbeatMonitor::Run() {
   const absl::Duration beat_every =
       std::max(config_.options.heartbeat_interval, config_.options.heartbeat_timeout / 10);
   absl::Time next_beat = absl::InfinitePast();
+  // While the alarm thread waits for the alarm, this thread looks at it
+  // only once a timeout, in case that wait was lost without an error.
+  absl::Time next_look = absl::InfinitePast();
   while (!stop_) {
     std::shared_ptr<Epoch> epoch = epoch_;
     if (epoch == nullptr) {
@@ -291,7 +341,8 @@ void HeartbeatMonitor::Run() {
           std::lock_guard<std::mutex> l(mu_);
           seen = epoch->reacted;
         }
-        if (!seen) {
+        if (!seen && (start >= next_look || !alarm_waited_.load())) {
+          next_look = start + config_.options.heartbeat_timeout;
           absl::StatusOr<std::string> alarm = store.Get(keys.Alarm(), absl::InfinitePast());
           if (alarm.ok()) {
             absl::StatusOr<Detection> d = DecodeDetection(*alarm);

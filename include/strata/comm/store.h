@@ -32,6 +32,7 @@
 // Thread-safety: every Store is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -46,6 +47,27 @@
 #include "strata/base/export.h"
 
 namespace strata {
+
+// Ends a Store::CancellableWait from another thread. Cancel() holds until
+// Reset(), so a cancel that comes before the wait starts still ends it.
+class STRATA_EXPORT WaitCancel {
+ public:
+  WaitCancel();
+  ~WaitCancel();
+  WaitCancel(const WaitCancel&) = delete;
+  WaitCancel& operator=(const WaitCancel&) = delete;
+
+  void Cancel();
+  void Reset();
+  bool cancelled() const;
+  // Readable while cancelled (for poll(2)); -1 if none could be made, and
+  // then stores look at cancelled() every few milliseconds.
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  std::atomic<bool> cancelled_{false};
+};
 
 class STRATA_EXPORT Store {
  public:
@@ -71,6 +93,20 @@ class STRATA_EXPORT Store {
                                                  absl::Time deadline) = 0;
   // For messages: "file store /shared/job42", "torch TCPStore 10.0.0.1:29500".
   virtual std::string Describe() const = 0;
+
+  // Like Wait, and Cancelled as soon as `cancel` is cancelled (from any
+  // thread): for a wait that another thread must be able to end, such as
+  // a monitor's wait for an alarm when the monitor stops. The default
+  // waits in slices of 50 ms and looks at `cancel` between them; a store
+  // whose waits are served (waits_without_polling) ends at once.
+  virtual absl::Status CancellableWait(absl::Span<const std::string> keys, absl::Time deadline,
+                                       const WaitCancel& cancel);
+  // Whether a wait costs the store nothing while it waits (the server
+  // answers when the keys appear: the TCPStore client, on a connection of
+  // its own for CancellableWait) rather than polling it (a file store, a
+  // store made of functions). A caller that would otherwise look at a key
+  // every few milliseconds waits for it instead when this is true.
+  virtual bool waits_without_polling() const { return false; }
 };
 
 // ---- file store -----------------------------------------------------------

@@ -12,14 +12,21 @@
 //      this host whose process is gone (or a zombie) is found through /proc;
 //      either raises the epoch's alarm and records the evidence under
 //      suspect/<rank>;
-//   3. every `heartbeat_interval`, looks at the epoch's alarm key; the
-//      first time it is set, calls `on_alarm` (the elastic loop has its own
-//      thread abort this rank's communicators then, so a main thread blocked
-//      in a collective returns at once) and checks this rank in for the
-//      agreement (alive/<rank>).
-// That is one store operation per rank per interval and three per beat,
-// whatever the world size (with the defaults, 20 a second: the beats need
-// only resolve the timeout, while the alarm is what a recovery waits on).
+//   3. learns of the epoch's alarm: where the store serves waits
+//      (Store::waits_without_polling, the TCPStore client) a second thread
+//      keeps a CancellableWait for the alarm key open (on the client's
+//      connection for such waits; Watch and Stop cancel it), and the first
+//      thread still looks at the key once a `heartbeat_timeout` in case
+//      that wait was lost; elsewhere the first thread looks at the key
+//      every `heartbeat_interval`. The first time the alarm is set, calls
+//      `on_alarm` (the elastic loop has its own thread abort this rank's
+//      communicators then, so a main thread blocked in a collective
+//      returns at once) and checks this rank in for the agreement
+//      (alive/<rank>).
+// That is three store operations per beat, whatever the world size, and
+// one per interval on a store that does not serve waits (with the
+// defaults 10 a second, or 20: the beats need only resolve the timeout,
+// while the alarm is what a recovery waits on).
 // Keys carry the epoch (keys.h); Watch() moves to a new epoch. While the
 // successor's key of the new epoch is absent, its key of the previous epoch
 // counts (it switches a moment later than this rank).
@@ -28,13 +35,14 @@
 // this rank only: on_alarm is called with it and store_status() says why.
 //
 // Thread-safety: every method may be called from any thread; on_alarm runs
-// on the thread that first sees the alarm (the monitor's, or a caller of
-// Raise), must not call back into the monitor, and must return at once:
+// on the thread that first sees the alarm (one of the monitor's, or a
+// caller of Raise), must not call back into the monitor, and must return at once:
 // the next heartbeat waits for it (work that may block, such as aborting
 // communicators, belongs on a thread of the caller's). The destructor stops
-// and joins the thread.
+// and joins the threads.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -115,6 +123,9 @@ class STRATA_EXPORT HeartbeatMonitor {
  private:
   struct Epoch;
   void Run();
+  // The alarm thread's (when the store waits without polling): waits for
+  // each epoch's alarm key and reacts the moment it is set.
+  void WaitForAlarms();
   // The successor's part of a pass: reads its heartbeat (when `read`),
   // probes its process, raises the alarm when it is gone or stale.
   void Tick(Epoch& epoch, bool read);
@@ -133,6 +144,9 @@ class STRATA_EXPORT HeartbeatMonitor {
   absl::Status store_status_;     // guarded by mu_: not OK once the store is lost
   std::vector<int> unreachable_;  // guarded by mu_: for the next check-in
   std::thread thread_;
+  std::thread alarm_thread_;
+  WaitCancel wake_;                        // ends the alarm thread's wait: a new epoch, Stop()
+  std::atomic<bool> alarm_waited_{false};  // the alarm thread is waiting
 };
 
 }  // namespace strata::elastic

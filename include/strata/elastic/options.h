@@ -54,10 +54,11 @@ struct STRATA_EXPORT ElasticOptions {
   // "strata/elastic/<job>/<epoch>/".
   std::string job = "default";
 
-  // Each rank's monitor thread looks at the epoch's alarm key (and probes
-  // its ring successor's process) this often; it bumps its heartbeat key
-  // and reads its successor's every max(heartbeat_interval,
-  // heartbeat_timeout / 10).
+  // Each rank's monitor probes its ring successor's process this often,
+  // and looks at the epoch's alarm key this often where the store does not
+  // serve waits (where it does, the monitor waits for the key: see
+  // heartbeat.h); it bumps its heartbeat key and reads its successor's
+  // every max(heartbeat_interval, heartbeat_timeout / 10).
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   // A successor whose heartbeat has not changed for this long is reported
   // hung (SIGSTOP, a deadlock outside strata): the alarm is raised.

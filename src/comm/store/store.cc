@@ -1,6 +1,11 @@
 // Stores made of functions, prefixed views of stores, and OpenStore.
 #include "strata/comm/store.h"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -8,9 +13,49 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "strata/base/status.h"
 
 namespace strata {
+
+WaitCancel::WaitCancel() : fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+WaitCancel::~WaitCancel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void WaitCancel::Cancel() {
+  cancelled_.store(true);
+  if (fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(fd_, &one, sizeof(one));
+  }
+}
+
+void WaitCancel::Reset() {
+  cancelled_.store(false);
+  if (fd_ >= 0) {
+    uint64_t count = 0;
+    (void)!::read(fd_, &count, sizeof(count));
+  }
+}
+
+bool WaitCancel::cancelled() const { return cancelled_.load(); }
+
+absl::Status Store::CancellableWait(absl::Span<const std::string> keys, absl::Time deadline,
+                                    const WaitCancel& cancel) {
+  while (true) {
+    if (cancel.cancelled()) {
+      return absl::CancelledError(absl::StrCat(Describe(), ": a wait for key(s) '",
+                                               absl::StrJoin(keys, ", "), "' was cancelled"));
+    }
+    const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(50));
+    absl::Status s = Wait(keys, slice);
+    if (!absl::IsDeadlineExceeded(s) || slice >= deadline) return s;
+  }
+}
+
 namespace {
 
 class CallbackStore final : public Store {
@@ -51,10 +96,7 @@ class PrefixStore final : public Store {
     return base_->Get(Key(key), deadline);
   }
   absl::Status Wait(absl::Span<const std::string> keys, absl::Time deadline) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const std::string& k : keys) full.push_back(Key(k));
-    return base_->Wait(full, deadline);
+    return base_->Wait(Keys(keys), deadline);
   }
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) override {
     return base_->Add(Key(key), delta, deadline);
@@ -64,8 +106,19 @@ class PrefixStore final : public Store {
     return base_->CompareSet(Key(key), expected, desired, deadline);
   }
   std::string Describe() const override { return base_->Describe(); }
+  absl::Status CancellableWait(absl::Span<const std::string> keys, absl::Time deadline,
+                               const WaitCancel& cancel) override {
+    return base_->CancellableWait(Keys(keys), deadline, cancel);
+  }
+  bool waits_without_polling() const override { return base_->waits_without_polling(); }
 
  private:
+  std::vector<std::string> Keys(absl::Span<const std::string> keys) const {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(Key(k));
+    return full;
+  }
   std::string Key(absl::string_view key) const { return absl::StrCat(prefix_, key); }
 
   const std::shared_ptr<Store> base_;

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -154,6 +155,29 @@ class TcpStoreClient final : public Store {
   std::string Describe() const override {
     return absl::StrCat("torch TCPStore ", options_.host, ":", options_.port);
   }
+
+  // On a connection of its own (made on first use), so that this client's
+  // other requests go on while it waits; one such wait at a time.
+  absl::Status CancellableWait(absl::Span<const std::string> keys, absl::Time deadline,
+                               const WaitCancel& cancel) override {
+    std::lock_guard<std::mutex> waiting(waiter_mu_);
+    if (waiter_ == nullptr) {
+      waiter_ = std::make_unique<TcpStoreClient>(options_);
+      // This client reached the server: the waiter's connection is a
+      // reconnection (given up after kReconnectWithin, a refusal final),
+      // so that a cancel is not kept waiting for a server that is gone.
+      waiter_->was_connected_ = true;
+    }
+    std::lock_guard<std::mutex> lock(waiter_->mu_);
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(Key(k));
+    waiter_->cancel_ = &cancel;
+    absl::Status s = waiter_->WaitLocked(full, deadline, "wait", absl::StrJoin(keys, ", "));
+    waiter_->cancel_ = nullptr;
+    return s;
+  }
+  bool waits_without_polling() const override { return true; }
 
   absl::Status Connect(absl::Time deadline) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -285,18 +309,22 @@ class TcpStoreClient final : public Store {
 
   // Waits for fd_ to be ready for `events` before `deadline`: OK, or
   // DeadlineExceeded.
+  // DeadlineExceeded, or Cancelled once cancel_ (when set) is.
   absl::Status Ready(short events, absl::Time deadline) {
     while (true) {
-      struct pollfd p = {fd_, events, 0};
-      const absl::Duration left = deadline - absl::Now();
+      struct pollfd p[2] = {{fd_, events, 0}, {cancel_ == nullptr ? -1 : cancel_->fd(), POLLIN, 0}};
+      if (cancel_ != nullptr && cancel_->cancelled()) return absl::CancelledError("");
+      absl::Duration left = deadline - absl::Now();
       if (left <= absl::ZeroDuration()) {
         // One look even at a passed deadline.
-        if (::poll(&p, 1, 0) > 0) return absl::OkStatus();
+        if (::poll(p, 1, 0) > 0) return absl::OkStatus();
         return absl::DeadlineExceededError("");
       }
+      // A cancel without a descriptor is looked at every 10 ms.
+      if (cancel_ != nullptr && cancel_->fd() < 0) left = std::min(left, absl::Milliseconds(10));
       const struct timespec ts = absl::ToTimespec(left);
-      const int n = ::ppoll(&p, 1, &ts, nullptr);
-      if (n > 0) return absl::OkStatus();
+      const int n = ::ppoll(p, 2, &ts, nullptr);
+      if (n > 0 && p[0].revents != 0) return absl::OkStatus();
       if (n < 0 && errno != EINTR) return absl::UnavailableError(std::strerror(errno));
     }
   }
@@ -344,7 +372,10 @@ class TcpStoreClient final : public Store {
         return Unavailable(op, key, absl::StrCat("recv: ", std::strerror(errno)));
       }
       absl::Status ready = Ready(POLLIN, deadline);
-      if (absl::IsDeadlineExceeded(ready) && keep_on_deadline && done == 0) return ready;
+      if ((absl::IsDeadlineExceeded(ready) || absl::IsCancelled(ready)) && keep_on_deadline &&
+          done == 0) {
+        return ready;
+      }
       if (!ready.ok()) return Unavailable(op, key, "no answer before the deadline");
     }
     return absl::OkStatus();
@@ -395,8 +426,10 @@ class TcpStoreClient final : public Store {
       if (answer != kStopWaiting) return Unavailable(op, what, "unexpected answer to WAIT");
       return absl::OkStatus();
     }
-    if (!absl::IsDeadlineExceeded(got)) return got;
+    const bool cancelled = absl::IsCancelled(got);
+    if (!absl::IsDeadlineExceeded(got) && !cancelled) return got;
     // Give up the wait; the server may have answered meanwhile.
+    cancel_ = nullptr;
     const absl::Time grace = absl::Now() + kAnswerGrace;
     STRATA_RETURN_IF_ERROR(Send(Request(kCancelWait), grace, op, what));
     bool stopped = false;
@@ -406,13 +439,22 @@ class TcpStoreClient final : public Store {
       if (answer != kStopWaiting) return Unavailable(op, what, "unexpected answer to CANCEL_WAIT");
       stopped = true;
     }
-    return stopped ? absl::OkStatus() : missing();
+    if (stopped) return absl::OkStatus();
+    if (cancelled) {
+      return absl::CancelledError(
+          absl::StrCat(Describe(), ": a wait for key(s) '", what, "' was cancelled"));
+    }
+    return missing();
   }
 
   const TcpStoreOptions options_;
   std::mutex mu_;
   int fd_ = -1;
   bool was_connected_ = false;  // a connection was made once
+  // Under mu_, during a CancellableWait of this (waiter) client: what ends it.
+  const WaitCancel* cancel_ = nullptr;
+  std::mutex waiter_mu_;
+  std::unique_ptr<TcpStoreClient> waiter_;  // CancellableWait's connection
 };
 
 }  // namespace

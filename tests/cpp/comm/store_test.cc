@@ -253,6 +253,37 @@ TEST_F(FileStoreTest, PrefixStoresKeepTheirKeysApart) {
   EXPECT_EQ(*a->Get("k", Soon()), "from a");
 }
 
+// A store that polls keeps the default cancellable wait: slices of its own
+// waits, ended by a cancel from another thread within one slice; through a
+// prefixed view too, and a key set later ends it.
+TEST_F(FileStoreTest, ACancellableWaitEndsOnACancelOrTheKey) {
+  auto base = Client();
+  auto view = MakePrefixStore(base, "p");
+  EXPECT_FALSE(view->waits_without_polling());
+  WaitCancel cancel;
+  absl::Time cancelled_at;
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    cancelled_at = absl::Now();
+    cancel.Cancel();
+  });
+  absl::Status s = view->CancellableWait({"never"}, Soon(), cancel);
+  const absl::Time ended = absl::Now();
+  canceller.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "p/never")) << s;
+  EXPECT_LT(ended - cancelled_at, absl::Seconds(2));
+  cancel.Reset();
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(base->Set("p/k", "v", Soon()).ok());
+  });
+  EXPECT_TRUE(view->CancellableWait({"k"}, Soon(), cancel).ok());
+  setter.join();
+  EXPECT_EQ(view->CancellableWait({"never"}, Soon(absl::Milliseconds(120)), cancel).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(CallbackStoreTest, ForwardsEveryOperationAndNeedsEveryFunction) {
   std::vector<std::string> calls;
   StoreCallbacks cb;

@@ -1,0 +1,120 @@
+// The heartbeat monitor on a store whose waits are served (strata's
+// TCPStore client, against the test server of tests/cpp/comm): it waits
+// for each epoch's alarm instead of looking at it every interval, reacts
+// as soon as the alarm is set, follows Watch() to a new epoch, and stops
+// at once while it waits. (The loop's tests run the monitor on a memory
+// store, which it polls.)
+#include "strata/elastic/heartbeat.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "elastic/internal/keys.h"
+#include "fake_tcp_store.h"
+#include "strata/comm/store.h"
+
+namespace strata::elastic {
+namespace {
+
+absl::Status SetAlarm(Store& store, const internal::Keys& keys, const std::string& why) {
+  Detection d;
+  d.source = DetectionSource::kRequest;
+  d.reporter = 1;
+  d.detail = why;
+  d.found_at = d.failed_at = absl::Now();
+  return store.Set(keys.Alarm(), EncodeDetection(d), absl::Now() + absl::Seconds(10));
+}
+
+std::shared_ptr<Store> Connect(int port) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  absl::StatusOr<std::shared_ptr<Store>> s = ConnectTcpStore(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : nullptr;
+}
+
+TEST(HeartbeatMonitorTest, OnAStoreThatServesWaitsTheAlarmIsWaitedForNotPolled) {
+  strata::testing::FakeServer server;
+  auto store = Connect(server.port());
+  auto other = Connect(server.port());
+  ASSERT_NE(store, nullptr);
+  ASSERT_NE(other, nullptr);
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<std::string, uint64_t>> alarms;  // detail, epoch
+  std::vector<absl::Time> seen_at;
+  HeartbeatMonitor::Config config;
+  config.store = store;
+  config.rank = 0;
+  config.options.job = "wait";
+  config.options.heartbeat_interval = absl::Milliseconds(20);
+  // The monitor's fallback look at the alarm comes once a timeout: 10 s,
+  // so that an alarm seen within a second was seen by the wait.
+  config.options.heartbeat_timeout = absl::Seconds(10);
+  config.options.rebuild_timeout = absl::Seconds(60);  // rank 1 never beats
+  config.on_alarm = [&](const Detection& d, uint64_t epoch) {
+    std::lock_guard<std::mutex> lock(mu);
+    alarms.emplace_back(d.detail, epoch);
+    seen_at.push_back(absl::Now());
+    cv.notify_all();
+  };
+  auto monitor = std::make_unique<HeartbeatMonitor>(config);
+  Membership m;
+  m.members = {0, 1};
+  m.epoch = 1;
+  monitor->Watch(m);
+
+  // Polling every 20 ms would be about 75 looks (CHECK) in 1.5 s.
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_LE(server.queries(5), 3) << "the monitor looked at the alarm key every interval";
+  EXPECT_GE(server.queries(6), 1) << "no WAIT reached the server";
+
+  auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(5), [&] { return alarms.size() >= n; });
+  };
+  absl::Time set_at = absl::Now();
+  ASSERT_TRUE(SetAlarm(*other, internal::Keys("wait", 1), "first").ok());
+  ASSERT_TRUE(wait_for(1)) << "the alarm of epoch 1 was not seen";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(alarms[0], std::make_pair(std::string("first"), uint64_t{1}));
+    EXPECT_LT(seen_at[0] - set_at, absl::Seconds(2));
+  }
+  // Reacting checks this rank in.
+  EXPECT_TRUE(other->Get(internal::Keys("wait", 1).Alive(0), absl::Now() + absl::Seconds(5)).ok());
+
+  // A new epoch: the wait moves to its key.
+  m.epoch = 2;
+  monitor->Watch(m);
+  absl::SleepFor(absl::Milliseconds(200));
+  set_at = absl::Now();
+  ASSERT_TRUE(SetAlarm(*other, internal::Keys("wait", 2), "second").ok());
+  ASSERT_TRUE(wait_for(2)) << "the alarm of epoch 2 was not seen";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(alarms[1], std::make_pair(std::string("second"), uint64_t{2}));
+    EXPECT_LT(seen_at[1] - set_at, absl::Seconds(2));
+  }
+
+  // Stopping ends a wait that has minutes left.
+  m.epoch = 3;
+  monitor->Watch(m);
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time stop = absl::Now();
+  monitor.reset();
+  EXPECT_LT(absl::Now() - stop, absl::Seconds(3)) << "the monitor's wait held its stop";
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(alarms.size(), 2u);
+}
+
+}  // namespace
+}  // namespace strata::elastic
