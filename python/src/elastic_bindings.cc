@@ -257,6 +257,7 @@ py::tuple JoinElastic(std::optional<PyStore> store, std::optional<PyStore> monit
     joined = ElasticLoop::Join(std::move(s), o, std::move(join), std::move(hooks));
   }
   elastic::Joined j = Unwrap(std::move(joined), ErrorArea::kElastic);
+  if (j.finished()) return py::make_tuple(py::none(), py::none());
   py::object world = WrapWorld(std::move(j.world));
   auto loop = std::make_unique<PyElastic>(world, std::move(j.loop));
   return py::make_tuple(py::cast(std::move(loop)), world);

@@ -407,6 +407,18 @@ def supervise(restarts=0):
         os._exit(0)
 
 
+def _finished_before_joining(job):
+    """A joiner that found the job finished (before or while it asked to be
+    admitted: a restart slower than the rest of the run): nothing to join.
+    Exits with status 0, as a spare that stood by to the end finishes."""
+    print(f"strata.elastic: rank {os.environ.get('RANK', '?')}'s new process found job "
+          f"{job!r} finished before it was admitted; nothing to join, exiting with status 0",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    _before_exit()
+    os._exit(0)
+
+
 def _die_with_parent():
     """The child gets SIGKILL when the supervising parent dies (Linux)."""
     try:

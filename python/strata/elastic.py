@@ -31,8 +31,8 @@ What happens on a failure (docs/elastic.md has the phases, deadlines and costs):
   Aborted, TimeoutError), a rank's heartbeat that stops (a hung or stopped
   rank), or its process gone (probed through /proc on its host). The first
   rank to know raises the epoch's alarm in the store; every other rank's
-  monitor thread sees it within ``heartbeat_interval`` and aborts its
-  communicators, so a step blocked in a collective returns at once.
+  monitor sees it (at once on a TCPStore, within ``heartbeat_interval`` on
+  a file store) and aborts its communicators: a blocked step returns.
 - **The commit.** ``optimizer.step()`` (a pre-step hook on each optimizer of
   the State) first asks every rank whether every rank's step completed; if
   not, it raises :class:`StepAborted` and no optimizer and no scheduler
@@ -66,8 +66,9 @@ from .errors import Aborted, CommError, ElasticError, InvalidArgument, PipelineE
 from ._elastic_data import ElasticSampler, Options, Result, State, StepContext
 from ._elastic_stragglers import StragglerPolicy, Watch as _Watch, why as _straggler_why
 from ._elastic_transfer import receiving_state, unsaved_buffers as _unsaved_buffers
-from ._elastic_launch import (_LEFT, _before_exit, _launcher_warning, _release_store,  # noqa
-                              _served_store, _store_for, _supervised, shutdown, supervise)
+from ._elastic_launch import (_LEFT, _before_exit, _finished_before_joining,  # noqa
+                              _launcher_warning, _release_store, _served_store, _store_for,
+                              _supervised, shutdown, supervise)
 
 __all__ = [
     "run",
@@ -163,15 +164,15 @@ class Controller:
             self.attach(state if state is not None else State())
 
     def _join(self, world):
-        """A process that joins a running job (STRATA_ELASTIC_JOIN): warms up,
-        asks the job to admit it, and takes the World it is given (a spare's,
-        or a place in a new replica: then its state comes from its dp group
-        first, :meth:`stand_by`)."""
+        """A joiner (STRATA_ELASTIC_JOIN): warms up, asks to be admitted, takes
+        the World it is given (a spare's, or a new replica's: its state comes
+        from its dp group, :meth:`stand_by`); exits 0 if the job finished."""
         _warm_up()  # before asking: the members wait while a placed joiner builds
         args, world._join = world._join, None
-        loop, raw = _strata._join_elastic(self._store, self._monitor_store,
-                                          self.options._native(), **args)
-        world._raw = raw
+        loop, world._raw = _strata._join_elastic(self._store, self._monitor_store,
+                                                 self.options._native(), **args)
+        if loop is None:
+            _finished_before_joining(self.options.job)
         event = json.loads(loop.events()[-1])
         if event["placed"]:
             self._arrived = event
@@ -656,9 +657,8 @@ class Controller:
             sys.stdout.flush()
             self.close()  # done with the store, as far as its directory goes
             _before_exit()  # and as its server, when this process is that
-            # Not sys.exit: MPI's finalize would wait for the ranks that
-            # go on (and for the dead one). Under supervise() the status
-            # tells the supervisor, which may start a joiner in its place.
+            # Not sys.exit: MPI's finalize would wait for the ranks that go on (and
+            # the dead one). Under supervise() the status tells the supervisor.
             os._exit(_LEFT if _supervised() else 0)
         print(msg.replace("; exiting with status 0", ""), file=sys.stderr, flush=True)
         return None

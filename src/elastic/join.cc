@@ -143,6 +143,16 @@ absl::StatusOr<Joined> ElasticLoop::Join(std::shared_ptr<Store> store,
         "' (ElasticOptions::config; Python: strata.elastic.Options(config=)): a joiner must build "
         "the same model"));
   }
+  // A job whose members finished admits nobody: its joiner, started late
+  // (a restart that took longer than the rest of the run) or while the
+  // members ended, has nothing to join.
+  auto finished = [&]() -> absl::StatusOr<bool> {
+    absl::StatusOr<int64_t> f = store->Add(job.Finished(), 0, deadline);
+    if (!f.ok()) return strata::internal::Annotate(f.status(), where);
+    return *f > 0;
+  };
+  STRATA_ASSIGN_OR_RETURN(bool done, finished());
+  if (done) return Joined{};
   // Ask: the request's number makes this process's job rank (the job's
   // ranks first, then joiners in the order they asked).
   absl::StatusOr<int64_t> n = store->Add(job.Joins(), 1, deadline);
@@ -151,7 +161,17 @@ absl::StatusOr<Joined> ElasticLoop::Join(std::shared_ptr<Store> store,
   nlohmann::json request = {
       {"rank", rank}, {"config", options.config}, {"process", internal::Self().Encode()}};
   STRATA_RETURN_IF_ERROR_CTX(store->Set(job.Join(*n), request.dump(), deadline), where);
-  absl::StatusOr<std::string> answer_text = store->Get(job.JoinAnswer(*n), deadline);
+  // The answer, looking every second whether the members finished instead
+  // (they answer at a step boundary; a request made during their last step
+  // is never answered).
+  absl::StatusOr<std::string> answer_text;
+  while (true) {
+    const absl::Time slice = std::min(deadline, absl::Now() + absl::Seconds(1));
+    answer_text = store->Get(job.JoinAnswer(*n), slice);
+    if (!absl::IsDeadlineExceeded(answer_text.status()) || slice >= deadline) break;
+    STRATA_ASSIGN_OR_RETURN(done, finished());
+    if (done) return Joined{};
+  }
   if (!answer_text.ok()) {
     return strata::internal::Annotate(
         answer_text.status(),

@@ -351,6 +351,36 @@ def test_a_joiner_with_another_config_is_refused_naming_both(tmp_path):
             world.destroy()
 
 
+def test_a_joiner_that_finds_the_job_finished_exits_0_saying_so(tmp_path):
+    # A job of one rank runs its steps to the end; a process that then asks
+    # to join it (a restart slower than the rest of the run) has nothing to
+    # join: it exits with status 0 and says why, at once (not after
+    # join_timeout, as when the request was left unanswered).
+    script = textwrap.dedent(f"""
+        import os, time
+        import strata, strata.elastic as elastic
+        from strata import store as _store
+        def options():
+            return elastic.Options(store=_store.file_store({str(tmp_path)!r}), job="done",
+                                   log=False, join_timeout=60.0)
+        world = strata.init(backend="gloo")
+        elastic.run(lambda ctx: 0.0, elastic.State(), world, steps=2, options=options())
+        world.destroy()
+        joiner = strata.init(env=dict(os.environ, STRATA_ELASTIC_JOIN="1"))
+        start = time.time()
+        try:
+            elastic.Controller(joiner, None, options())
+        finally:
+            print("returned after", time.time() - start, flush=True)
+    """)
+    start = time.time()
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "found job 'done' finished before it was admitted" in p.stderr, p.stderr
+    assert "returned after" not in p.stdout, p.stdout  # it exited
+    assert time.time() - start < 50, "the joiner waited for an answer"
+
+
 def test_supervise_passes_an_exit_status_through():
     p = _supervised("sys.exit(7)", {})
     assert p.returncode == 7, p.stderr

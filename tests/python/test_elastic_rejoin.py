@@ -47,7 +47,9 @@ CASE = os.environ.get("STRATA_REJOIN_CASE", "dp")
 NP, TP = (8, 2) if CASE == "tp" else (4, 1)
 JOINERS = 2 if CASE in ("tp", "dies") else 1
 KILL = CASE != "evict"
-STEPS, LR, BATCH = 60, 0.05, 48
+# Two restarts in a row (``dies``) take 8-10 s of a 60-step run before the
+# second joiner asks; one that comes after the end finds the job finished.
+STEPS, LR, BATCH = (100 if CASE == "dies" else 60), 0.05, 48
 ARGS = ["--hidden", "32", "--layers", "2", "--batch", str(BATCH), "--lr", str(LR)]
 
 

@@ -159,9 +159,11 @@ class ElasticLoop;
 // admitting decision says: a spare, or a member of a new replica) and the
 // loop over it. Destroy the loop before the World (the declaration order).
 struct STRATA_EXPORT Joined {
+  // Null when the job finished before admitting the joiner (finished()).
   std::unique_ptr<World> world;
   std::unique_ptr<ElasticLoop> loop;
   RecoveryEvent event;
+  bool finished() const { return loop == nullptr; }
 };
 
 class STRATA_EXPORT ElasticLoop {
@@ -186,9 +188,12 @@ class STRATA_EXPORT ElasticLoop {
   // a spare (then StandBy, or Run) unless dp was below the job's first dp
   // and it completed a replica: then event.placed, event.step is the step
   // to run and its position's state comes from its dp group (restore).
-  // FailedPrecondition naming why for a refusal (another config, an MPI job,
-  // a job that stops), DeadlineExceeded when nobody answered in time, and
-  // the regroup's error when it failed (the members then go on without it).
+  // A job whose members finished (ElasticLoop::Finish, before the request
+  // or while it waits for its answer) gives a Joined without a World
+  // (finished()): nothing to join, not an error. FailedPrecondition naming
+  // why for a refusal (another config, an MPI job, a job that stops),
+  // DeadlineExceeded when nobody answered in time, and the regroup's error
+  // when it failed (the members then go on without it).
   static absl::StatusOr<Joined> Join(std::shared_ptr<Store> store, const ElasticOptions& options,
                                      JoinOptions join, ElasticHooks hooks = {});
 

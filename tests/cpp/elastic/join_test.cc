@@ -380,6 +380,58 @@ TEST(ElasticJoinTest, AJoinerWithAnotherConfigIsRefused) {
   }
 }
 
+TEST(ElasticJoinTest, AJoinerFindsTheJobFinishedWhileItWaitsOrBeforeItAsks) {
+  // The members finish while a joiner waits for its answer (a request made
+  // during their last step is never answered): the joiner returns without
+  // a World (finished()), not after join_timeout. A joiner that comes later
+  // returns at once, without asking.
+  auto store = MakeMemoryStore();
+  std::atomic<bool> finish{false};
+  std::vector<absl::Status> members(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<World>> world = MemberWorld(store, r, 2, 1);
+      if (!world.ok()) {
+        members[r] = world.status();
+        return;
+      }
+      auto loop = ElasticLoop::Create(**world, store, TestOptions());
+      if (!loop.ok()) {
+        members[r] = loop.status();
+        return;
+      }
+      while (!finish.load()) absl::SleepFor(absl::Milliseconds(5));
+      members[r] = (*loop)->Finish();
+    });
+  }
+  ElasticOptions o = TestOptions();
+  o.join_timeout = absl::Seconds(60);
+  absl::StatusOr<Joined> waited;
+  absl::Time returned;
+  std::thread joiner([&] {
+    waited = ElasticLoop::Join(store, o, JoinOptions{});
+    returned = absl::Now();
+  });
+  WaitForJoins(*store, 1);
+  ASSERT_EQ(Joins(*store), 1);
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time finished_at = absl::Now();
+  finish = true;
+  joiner.join();
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(members[r].ok()) << "rank " << r << ": " << members[r];
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_TRUE(waited->finished());
+  EXPECT_EQ(waited->world, nullptr);
+  EXPECT_LT(returned - finished_at, absl::Seconds(10)) << "the joiner waited for its answer";
+
+  absl::StatusOr<Joined> late = ElasticLoop::Join(store, o, JoinOptions{});
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->finished());
+  EXPECT_EQ(Joins(*store), 1) << "a joiner asked a finished job";
+}
+
 TEST(ElasticJoinTest, AJoinerThatDiesBeforeItsStateArrivesIsDroppedAgain) {
   // dp4, rank 3 dies at step 2 (dp3); a joiner completes a fourth replica
   // at step 5 and dies at once: the members' broadcast of its state fails,
