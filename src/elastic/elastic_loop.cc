@@ -424,6 +424,16 @@ absl::StatusOr<ElasticLoop::Recovery> ElasticLoop::RecoverOnce(
     if (ranks != nullptr && peer.has_value() && absl::SimpleAtoi(std::string(*peer), &r) &&
         r >= 0 && r < static_cast<int>(ranks->size())) {
       monitor_->ReportUnreachable({(*ranks)[static_cast<size_t>(r)]});
+      // The others' connects started with this one and give up about now
+      // too, each naming whom it waited for; the alarm would cancel them
+      // first (a cancelled connect names nobody), and with only this
+      // rank's report the agreement cannot tell which end of it is cut
+      // off. A moment's grace lets theirs come too.
+      const absl::Time until =
+          absl::Now() + std::min(options_.rebuild_timeout / 10, absl::Seconds(2));
+      while (absl::Now() < until && !monitor_->alarm().has_value()) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
     }
     Detection d;
     d.source = DetectionSource::kBackend;

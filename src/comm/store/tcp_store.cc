@@ -156,8 +156,9 @@ class TcpStoreClient final : public Store {
     return absl::StrCat("torch TCPStore ", options_.host, ":", options_.port);
   }
 
-  // On a connection of its own (made on first use), so that this client's
-  // other requests go on while it waits; one such wait at a time.
+  // On a connection of its own (made on first use, and again after a
+  // cancel, which drops it), so that this client's other requests go on
+  // while it waits; one such wait at a time.
   absl::Status CancellableWait(absl::Span<const std::string> keys, absl::Time deadline,
                                const WaitCancel& cancel) override {
     std::lock_guard<std::mutex> waiting(waiter_mu_);
@@ -426,8 +427,15 @@ class TcpStoreClient final : public Store {
       if (answer != kStopWaiting) return Unavailable(op, what, "unexpected answer to WAIT");
       return absl::OkStatus();
     }
-    const bool cancelled = absl::IsCancelled(got);
-    if (!absl::IsDeadlineExceeded(got) && !cancelled) return got;
+    if (absl::IsCancelled(got)) {
+      // Dropping the connection ends the server's wait too, without a
+      // round trip that a server cut off would keep waiting (up to
+      // kDeadPeer): a cancel is often a monitor being stopped.
+      Drop();
+      return absl::CancelledError(
+          absl::StrCat(Describe(), ": a wait for key(s) '", what, "' was cancelled"));
+    }
+    if (!absl::IsDeadlineExceeded(got)) return got;
     // Give up the wait; the server may have answered meanwhile.
     cancel_ = nullptr;
     const absl::Time grace = absl::Now() + kAnswerGrace;
@@ -439,12 +447,7 @@ class TcpStoreClient final : public Store {
       if (answer != kStopWaiting) return Unavailable(op, what, "unexpected answer to CANCEL_WAIT");
       stopped = true;
     }
-    if (stopped) return absl::OkStatus();
-    if (cancelled) {
-      return absl::CancelledError(
-          absl::StrCat(Describe(), ": a wait for key(s) '", what, "' was cancelled"));
-    }
-    return missing();
+    return stopped ? absl::OkStatus() : missing();
   }
 
   const TcpStoreOptions options_;
