@@ -6,6 +6,7 @@
 // store, which it polls.)
 #include "strata/elastic/heartbeat.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -121,6 +122,84 @@ TEST(HeartbeatMonitorTest, OnAStoreThatServesWaitsTheAlarmIsWaitedForNotPolled) 
   EXPECT_LT(absl::Now() - stop, absl::Seconds(3)) << "the monitor's wait held its stop";
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(alarms.size(), 2u);
+}
+
+int CountEntries(const std::string& dir) {
+  int n = 0;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+// 50 epochs, every other one ended by its alarm and the rest by the next
+// Watch while the monitor waits for their alarm (the cancel drops the
+// wait's connection; the next wait connects again), then the monitor
+// stopped while it waits: as many threads and descriptors as before
+// (counted after a first monitor of two epochs, so that what the library
+// opens once, such as its process identity, is open already).
+void RunEpochs(const strata::testing::FakeServer& server, Store& other, const std::string& job,
+               uint64_t epochs) {
+  auto store = Connect(server.port());
+  ASSERT_NE(store, nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t seen = 0;
+  HeartbeatMonitor::Config config;
+  config.store = store;
+  config.options.job = job;
+  config.options.heartbeat_interval = absl::Milliseconds(20);
+  config.options.heartbeat_timeout = absl::Seconds(10);
+  config.options.rebuild_timeout = absl::Seconds(60);
+  config.on_alarm = [&](const Detection&, uint64_t epoch) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen = epoch;
+    cv.notify_all();
+  };
+  HeartbeatMonitor monitor(config);
+  Membership m;
+  m.members = {0, 1};
+  for (uint64_t e = 1; e <= epochs; ++e) {
+    const int waits = server.queries(6);
+    m.epoch = e;
+    monitor.Watch(m);
+    if (e % 2 == 0) {
+      // Left to the next Watch, once the monitor waits for this alarm.
+      const absl::Time give_up = absl::Now() + absl::Seconds(5);
+      while (server.queries(6) == waits && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_GT(server.queries(6), waits) << "no wait for the alarm of epoch " << e;
+      continue;
+    }
+    ASSERT_TRUE(SetAlarm(other, internal::Keys(job, e), "next").ok());
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return seen == e; }))
+        << "the alarm of epoch " << e << " was not seen";
+  }
+}
+
+TEST(HeartbeatMonitorTest, FiftyEpochsLeakNeitherThreadsNorConnections) {
+  strata::testing::FakeServer server;
+  auto other = Connect(server.port());
+  ASSERT_NE(other, nullptr);
+  RunEpochs(server, *other, "warm", 2);
+  // The test server (in this process) closes its ends of the connections
+  // once it sees them closed: give it a moment each time.
+  auto fds = [](int at_most) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (CountEntries("/proc/self/fd") > at_most && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return CountEntries("/proc/self/fd");
+  };
+  const int threads_before = CountEntries("/proc/self/task");
+  absl::SleepFor(absl::Milliseconds(300));
+  const int fds_before = CountEntries("/proc/self/fd");
+  RunEpochs(server, *other, "fifty", 50);
+  EXPECT_EQ(CountEntries("/proc/self/task"), threads_before);
+  EXPECT_EQ(fds(fds_before), fds_before);
 }
 
 }  // namespace
