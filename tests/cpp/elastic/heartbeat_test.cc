@@ -6,7 +6,6 @@
 // store, which it polls.)
 #include "strata/elastic/heartbeat.h"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -19,10 +18,13 @@
 #include "absl/time/clock.h"
 #include "elastic/internal/keys.h"
 #include "fake_tcp_store.h"
+#include "proc_counts.h"
 #include "strata/comm/store.h"
 
 namespace strata::elastic {
 namespace {
+
+using testing::CountEntries;
 
 absl::Status SetAlarm(Store& store, const internal::Keys& keys, const std::string& why) {
   Detection d;
@@ -122,15 +124,6 @@ TEST(HeartbeatMonitorTest, OnAStoreThatServesWaitsTheAlarmIsWaitedForNotPolled) 
   EXPECT_LT(absl::Now() - stop, absl::Seconds(3)) << "the monitor's wait held its stop";
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_EQ(alarms.size(), 2u);
-}
-
-int CountEntries(const std::string& dir) {
-  int n = 0;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n;
 }
 
 // 50 epochs, every other one ended by its alarm and the rest by the next

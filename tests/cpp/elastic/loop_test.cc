@@ -10,7 +10,6 @@
 // majority trains on; without a majority nobody does), 50 planned regroups in one process without
 // leaking threads, file descriptors or memory, heartbeats that go on while an abort of the
 // World blocks, and a planned eviction every rank decided (no abort, no minority).
-#include <dirent.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +29,7 @@
 #include "absl/time/clock.h"
 #include "comm/gloo/gloo_communicator.h"
 #include "elastic/internal/keys.h"
+#include "proc_counts.h"
 #include "reference_model.h"
 #include "strata/base/status.h"
 #include "strata/elastic/elastic_loop.h"
@@ -40,6 +40,7 @@ namespace {
 
 using ::testing::ElementsAre;
 
+using testing::CountEntries;
 using testing::Grad;
 using testing::kGlobalBatch;
 using testing::kLr;
@@ -578,15 +579,6 @@ TEST(ElasticLoopTest, ADeferredAbortComesAfterTheHeartbeatTimeout) {
   ASSERT_EQ(aborts.load(), 1) << "no abort within the heartbeat timeout and 10 s";
   EXPECT_GE(absl::FromUnixNanos(aborted_ns.load()) - asked, o.heartbeat_timeout);
   loop->reset();
-}
-
-int CountEntries(const std::string& dir) {
-  int n = 0;
-  if (DIR* d = opendir(dir.c_str())) {
-    while (readdir(d) != nullptr) ++n;
-    closedir(d);
-  }
-  return n;
 }
 
 long RssKib() {
