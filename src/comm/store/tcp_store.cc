@@ -115,10 +115,7 @@ class TcpStoreClient final : public Store {
 
   absl::Status Wait(absl::Span<const std::string> keys, absl::Time deadline) override {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const std::string& k : keys) full.push_back(Key(k));
-    return WaitLocked(full, deadline, "wait", absl::StrJoin(keys, ", "));
+    return WaitLocked(Keys(keys), deadline, "wait", absl::StrJoin(keys, ", "));
   }
 
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) override {
@@ -170,11 +167,8 @@ class TcpStoreClient final : public Store {
       waiter_->was_connected_ = true;
     }
     std::lock_guard<std::mutex> lock(waiter_->mu_);
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const std::string& k : keys) full.push_back(Key(k));
     waiter_->cancel_ = &cancel;
-    absl::Status s = waiter_->WaitLocked(full, deadline, "wait", absl::StrJoin(keys, ", "));
+    absl::Status s = waiter_->WaitLocked(Keys(keys), deadline, "wait", absl::StrJoin(keys, ", "));
     waiter_->cancel_ = nullptr;
     return s;
   }
@@ -189,6 +183,12 @@ class TcpStoreClient final : public Store {
   // torch's TCPStore client puts "/" before every key it sends; so do we,
   // so that keys are the same for both.
   std::string Key(absl::string_view key) const { return absl::StrCat("/", options_.prefix, key); }
+  std::vector<std::string> Keys(absl::Span<const std::string> keys) const {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(Key(k));
+    return full;
+  }
 
   void Drop() {
     if (fd_ >= 0) ::close(fd_);
@@ -308,8 +308,7 @@ class TcpStoreClient final : public Store {
     return "";
   }
 
-  // Waits for fd_ to be ready for `events` before `deadline`: OK, or
-  // DeadlineExceeded.
+  // Waits for fd_ to be ready for `events` before `deadline`: OK,
   // DeadlineExceeded, or Cancelled once cancel_ (when set) is.
   absl::Status Ready(short events, absl::Time deadline) {
     while (true) {
